@@ -1,0 +1,172 @@
+"""RunConfig: the single, typed source of a run's settings (pydantic v2, frozen, no unknown keys).
+
+Knows the settings and their validation; knows nothing of how they are used. Loaded from YAML or JSON
+with :func:`load_config`; :func:`config_errors` turns a validation failure into one line per problem,
+each naming the field (``method.gamma: ...``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+MethodName = Literal["extragradient", "masha1", "masha2"]
+CompressorName = Literal["identity", "randk", "topk"]
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+
+class CompressorConfig(_Section):
+    """A compressor and its keep-ratio."""
+
+    name: CompressorName = Field("identity", description="identity, randk (unbiased) or topk (contractive)")
+    ratio: float = Field(1.0, gt=0, le=1, description="fraction k/d of coordinates kept (ignored by identity)")
+    coordinates: Literal["shared", "per_device"] = Field(
+        "shared",
+        description="randk only: 'shared' = every device keeps the same coordinates (seed, step), so the "
+        "aggregate stays k-sparse; 'per_device' = independent coordinates per device (lower variance "
+        "of the average, aggregate up to M*k entries)",
+    )
+
+
+class BilinearTaskConfig(_Section):
+    """The paper's regularized bilinear saddle point split over devices (see docs/ALGORITHMS.md)."""
+
+    name: Literal["bilinear"] = "bilinear"
+    dim: int = Field(100, ge=1, le=100_000, description="dimension of x and of y (z has 2*dim coordinates)")
+    reg_lambda: float = Field(0.1, gt=0, description="regularization lambda (strong monotonicity constant)")
+    heterogeneity: float = Field(
+        1.0, ge=0, description="scale of each device's deviation A_m - A from the shared matrix A"
+    )
+    init_scale: float = Field(1.0, gt=0, description="z^0 drawn from N(0, init_scale^2)")
+
+
+# Later tasks join this as a union discriminated by `name`.
+TaskConfig = BilinearTaskConfig
+
+
+class MethodConfig(_Section):
+    """Which method runs and its parameters (MASHA.md notation)."""
+
+    name: MethodName = Field("masha1", description="extragradient, masha1 (unbiased) or masha2 (contractive)")
+    gamma: float = Field(..., gt=0, description="stepsize gamma")
+    tau: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="MASHA tau: the reference point is refreshed with probability 1 - tau; "
+        "null = 1 - k/d of the device compressor (balances compressed and full exchanges)",
+    )
+    device_compressor: CompressorConfig = Field(
+        default_factory=CompressorConfig, description="compressor applied by each device to its message"
+    )
+    server_compressor: CompressorConfig = Field(
+        default_factory=CompressorConfig, description="compressor applied to the group's aggregate"
+    )
+
+    @model_validator(mode="after")
+    def _compressors_fit_method(self) -> MethodConfig:
+        dev, srv = self.device_compressor.name, self.server_compressor.name
+        if self.name == "extragradient" and (dev, srv) != ("identity", "identity"):
+            raise ValueError("extragradient is the uncompressed baseline: both compressors must be identity")
+        if self.name == "masha1" and "topk" in (dev, srv):
+            raise ValueError("masha1 needs unbiased compressors (identity or randk); use masha2 for topk")
+        if self.name == "masha2" and "randk" in (dev, srv):
+            raise ValueError("masha2 needs contractive compressors (identity or topk); use masha1 for randk")
+        return self
+
+    def effective_tau(self, numel: int) -> float:
+        """tau, or its default ``1 - k/d`` for the device compressor on a ``numel``-vector."""
+        if self.tau is not None:
+            return self.tau
+        if self.device_compressor.name == "identity":
+            return 0.5
+        k = min(numel, max(1, round(self.device_compressor.ratio * numel)))
+        return 1.0 - k / numel
+
+
+class RunConfig(_Section):
+    """Everything that defines a run. Every peer of a swarm must hold the same one (see ``version``)."""
+
+    run_id: str = Field(
+        "collab-run", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="run name"
+    )
+    seed: int = Field(0, ge=0, lt=2**63, description="seed of everything random that peers must agree on")
+    task: TaskConfig = Field(default_factory=BilinearTaskConfig, description="the problem to solve")
+    method: MethodConfig = Field(..., description="the method and its compressors")
+    num_devices: int = Field(4, ge=1, le=10_000, description="number of devices M (simulation)")
+    max_steps: int = Field(1000, ge=1, description="number of steps to run")
+    target_rel_distance: float = Field(
+        1e-6, gt=0, description="target accuracy: squared distance to the solution relative to the start"
+    )
+    compare: list[MethodConfig] = Field(
+        default_factory=list, description="methods run by `collab simulate --compare` (default: the method)"
+    )
+
+    def version(self) -> str:
+        """A short hash of the canonical JSON form; equal configs have equal versions."""
+        canonical = json.dumps(self.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()[:16]
+
+
+class ConfigError(ValueError):
+    """A config that cannot be loaded; ``problems`` holds one line per problem."""
+
+    def __init__(self, problems: list[str]) -> None:
+        super().__init__("\n".join(problems))
+        self.problems = problems
+
+
+def config_errors(err: ValidationError) -> list[str]:
+    """One line per problem: ``field.path: message``."""
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
+        msg = e["msg"].removeprefix("Value error, ")
+        lines.append(f"{loc or '(top level)'}: {msg}")
+    return lines
+
+
+def parse_config(data: Any) -> RunConfig:
+    """Validate a mapping into a RunConfig, raising :class:`ConfigError`."""
+    if not isinstance(data, dict):
+        raise ConfigError(["(top level): a config must be a mapping of fields"])
+    try:
+        return RunConfig.model_validate(data)
+    except ValidationError as e:
+        raise ConfigError(config_errors(e)) from None
+
+
+def load_config(path: str | Path) -> RunConfig:
+    """Load a YAML (or JSON) run config; raises :class:`ConfigError` with one line per problem."""
+    p = Path(path)
+    try:
+        text = p.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ConfigError([f"{p}: cannot read config ({e.__class__.__name__}: {e})"]) from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        where = getattr(e, "problem_mark", None)
+        at = f" at line {where.line + 1}" if where is not None else ""
+        raise ConfigError([f"{p}: not valid YAML{at}"]) from None
+    return parse_config(data)
+
+
+def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
+    """A re-validated copy of ``cfg`` with nested changes, e.g. ``{"method": {"gamma": 0.1}}``."""
+
+    def merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
+        out = dict(base)
+        for key, val in upd.items():
+            out[key] = merge(out[key], val) if isinstance(val, dict) and isinstance(out.get(key), dict) else val
+        return out
+
+    return parse_config(merge(cfg.model_dump(mode="json"), changes))

@@ -1,0 +1,234 @@
+"""The contract between a method and the aggregation under it, and the replicated method state.
+
+Knows tensors, compressed messages and seeds; never networking. A method is a pure state machine: it
+evaluates its local devices' operators, hands their compressed messages to an :class:`Aggregator`, and
+applies the identical update on every group member. The aggregator (in-process simulation, or the swarm)
+only has to return the same aggregate to everyone.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from abc import ABC, abstractmethod
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+
+from collab.compression import CompressedMessage, Compressor
+from collab.tasks.base import LocalOperator
+
+
+class RoundFailed(RuntimeError):
+    """A round could not complete for the whole group (peer lost, timeout). Nothing may be applied;
+    the caller redoes the step."""
+
+
+@dataclass(frozen=True)
+class RoundKey:
+    """Identifies one exchange: the step and the phase within it (``init``, ``delta``, ``refresh``...)."""
+
+    step: int
+    phase: str
+
+    def __str__(self) -> str:
+        return f"{self.step}:{self.phase}"
+
+
+@dataclass(frozen=True)
+class Contribution:
+    """One local device's message and its weight (samples) in the average."""
+
+    message: CompressedMessage
+    weight: float = 1.0
+
+
+ServerFn = Callable[[CompressedMessage], CompressedMessage]
+
+
+@dataclass
+class CommStats:
+    """Per-device communication totals.
+
+    ``bits_up``/``bits_down`` are the paper's algorithmic bits (device->server, server->device) for one
+    device; ``wire_bytes_sent``/``wire_bytes_received`` are what crossed the network (0 in simulation).
+    """
+
+    bits_up: float = 0.0
+    bits_down: float = 0.0
+    wire_bytes_sent: int = 0
+    wire_bytes_received: int = 0
+    rounds: int = 0
+
+    @property
+    def bits(self) -> float:
+        return self.bits_up + self.bits_down
+
+
+class Aggregator(ABC):
+    """Exact group aggregation: every member gets the same bytes for the aggregate.
+
+    ``reduce`` averages the contributions of all group members (weighted), applies ``server`` (the
+    deterministic server-side compression step) to the average, counts bits, and returns the result.
+    It raises :class:`RoundFailed` when the group cannot finish the round.
+    """
+
+    stats: CommStats
+
+    @property
+    @abstractmethod
+    def num_local(self) -> int:
+        """How many devices this process contributes for (M in simulation, 1 on a peer)."""
+
+    @abstractmethod
+    def reduce(self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn) -> CompressedMessage:
+        """The server message computed from the group's weighted average."""
+
+    @property
+    def last_group_size(self) -> int:
+        """Number of devices in the last completed round."""
+        return self.num_local
+
+
+@dataclass
+class Worker:
+    """One local device: its operator, its compressor and its error-feedback buffer (MASHA2).
+
+    ``compress_seed`` is the seed its compressor draws from: the run seed when every device must pick the
+    same Rand-k coordinates (the default), or a per-device seed for independent coordinates.
+    """
+
+    operator: LocalOperator
+    compressor: Compressor
+    error: torch.Tensor | None = None
+    compress_seed: int | None = None
+
+
+@dataclass
+class MethodState:
+    """The replicated state: identical on every group member after every step."""
+
+    step: int
+    z: torch.Tensor
+    w: torch.Tensor
+    fw: torch.Tensor
+    server_error: torch.Tensor | None = None
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        out = {"z": self.z, "w": self.w, "fw": self.fw}
+        if self.server_error is not None:
+            out["server_error"] = self.server_error
+        out.update(self.extra)
+        return out
+
+    def hash(self) -> str:
+        """sha256 over the step and the exact bytes of every tensor (hex, first 16 bytes)."""
+        h = hashlib.sha256(f"step={self.step}".encode())
+        for name, t in sorted(self.tensors().items()):
+            h.update(name.encode())
+            h.update(t.detach().contiguous().cpu().numpy().tobytes())
+        return h.hexdigest()[:32]
+
+    def clone(self) -> MethodState:
+        return MethodState(
+            step=self.step,
+            z=self.z.clone(),
+            w=self.w.clone(),
+            fw=self.fw.clone(),
+            server_error=None if self.server_error is None else self.server_error.clone(),
+            extra={k: v.clone() for k, v in self.extra.items()},
+        )
+
+
+@dataclass(frozen=True)
+class StepReport:
+    """What one step did (for progress bars, records and metrics)."""
+
+    step: int
+    bits_up: float
+    bits_down: float
+    group_size: int
+    refreshed: bool = False
+
+
+class Method(ABC):
+    """Base of the methods: holds the replicated state, the local workers and the aggregator.
+
+    Subclasses implement :meth:`_initial_state` and :meth:`_step`; both must only *compute* and return a
+    new state (and new device buffers) and leave ``self`` untouched, so a :class:`RoundFailed` in any
+    round of a step leaves the method exactly as it was and the step can be redone.
+    """
+
+    name: str = "method"
+
+    def __init__(
+        self,
+        *,
+        z0: torch.Tensor,
+        workers: Sequence[Worker],
+        aggregator: Aggregator,
+        gamma: float,
+        seed: int,
+        project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    ) -> None:
+        if gamma <= 0:
+            raise ValueError("gamma must be positive")
+        if len(workers) != aggregator.num_local:
+            raise ValueError("one worker per local device of the aggregator")
+        self.workers = list(workers)
+        self.aggregator = aggregator
+        self.gamma = float(gamma)
+        self.seed = int(seed)
+        self.project = project or (lambda z: z)
+        self.dim = int(z0.numel())
+        self._z0 = z0.detach().float().reshape(-1).clone()
+        self.state: MethodState | None = None
+
+    @property
+    def initialized(self) -> bool:
+        return self.state is not None
+
+    def initialize(self) -> None:
+        """Run the initial exchange (e.g. the full operator at ``w^0``)."""
+        self.state = self._initial_state()
+
+    def step(self) -> StepReport:
+        """One step; on :class:`RoundFailed` nothing changes (redo with a new group)."""
+        if self.state is None:
+            self.initialize()
+        assert self.state is not None
+        before_up, before_down = self.aggregator.stats.bits_up, self.aggregator.stats.bits_down
+        new_state, new_errors, refreshed = self._step(self.state)
+        self.state = new_state
+        for worker, err in zip(self.workers, new_errors, strict=True):
+            worker.error = err
+        return StepReport(
+            step=new_state.step,
+            bits_up=self.aggregator.stats.bits_up - before_up,
+            bits_down=self.aggregator.stats.bits_down - before_down,
+            group_size=self.aggregator.last_group_size,
+            refreshed=refreshed,
+        )
+
+    @property
+    def z(self) -> torch.Tensor:
+        assert self.state is not None
+        return self.state.z
+
+    @abstractmethod
+    def _initial_state(self) -> MethodState: ...
+
+    @abstractmethod
+    def _step(self, state: MethodState) -> tuple[MethodState, list[torch.Tensor | None], bool]: ...
+
+    # helpers shared by the methods -------------------------------------------------------------
+    def _dense_average(self, key: RoundKey, vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+        """Exact uncompressed average of one vector per local device."""
+        from collab.compression import Identity
+
+        ident = Identity()
+        contributions = [
+            Contribution(ident.compress(v), w) for v, w in zip(vectors, weights, strict=True)
+        ]
+        return self.aggregator.reduce(key, contributions, server=lambda s: s).decompress()

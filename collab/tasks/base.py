@@ -1,0 +1,55 @@
+"""The task interface: a variational inequality split over devices, as the methods see it.
+
+Knows tensors and data; knows nothing of methods, compression or networks. A task provides the initial
+point, one :class:`LocalOperator` (``F_m``) per device, the projection onto the feasible set, and the
+metric reported while training.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+
+import torch
+
+
+class LocalOperator(ABC):
+    """Device ``m``'s operator ``F_m`` (a gradient field for minimization, (grad_x, -grad_y) for saddles)."""
+
+    dim: int
+
+    @abstractmethod
+    def evaluate(self, points: Sequence[torch.Tensor], *, step: int, full: bool = False) -> list[torch.Tensor]:
+        """``F_m`` at each point, all on the same minibatch of ``step`` (``full``: on all local data).
+
+        Using one minibatch for all points of a step is what makes ``F_m(z') - F_m(w)`` small and
+        therefore cheap to compress (MASHA.md, "Stochastic and federated variants").
+        """
+
+    @property
+    def weight(self) -> float:
+        """Samples behind one evaluation; aggregates may weight devices by it."""
+        return 1.0
+
+
+class Task(ABC):
+    """A VI ``find z*: <F(z*), z - z*> >= 0`` with ``F = (1/M) sum_m F_m``."""
+
+    dim: int
+    metric_name: str = "metric"
+
+    @abstractmethod
+    def initial_point(self) -> torch.Tensor:
+        """``z^0`` (float32, 1-D), the same for every device."""
+
+    @abstractmethod
+    def local_operator(self, index: int) -> LocalOperator:
+        """The operator of device ``index``."""
+
+    def project(self, z: torch.Tensor) -> torch.Tensor:
+        """Euclidean projection onto the feasible set (identity when unconstrained)."""
+        return z
+
+    @abstractmethod
+    def metric(self, z: torch.Tensor) -> float:
+        """The progress figure (lower is better) reported for ``z``."""

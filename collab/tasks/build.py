@@ -1,0 +1,23 @@
+"""Glue: build a task from its config section."""
+
+from __future__ import annotations
+
+from collab.config import RunConfig
+from collab.tasks.base import Task
+from collab.tasks.bilinear import BilinearTask
+
+
+def build_task(cfg: RunConfig, *, num_devices: int | None = None) -> Task:
+    """The task of ``cfg`` split over ``num_devices`` (default ``cfg.num_devices``) shards."""
+    t = cfg.task
+    m = num_devices or cfg.num_devices
+    if t.name == "bilinear":
+        return BilinearTask(
+            dim=t.dim,
+            num_devices=m,
+            reg_lambda=t.reg_lambda,
+            seed=cfg.seed,
+            heterogeneity=t.heterogeneity,
+            init_scale=t.init_scale,
+        )
+    raise ValueError(f"unknown task {t.name!r}")

@@ -1,0 +1,5 @@
+import sys
+
+from peers.cli import main
+
+sys.exit(main())
