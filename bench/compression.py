@@ -30,8 +30,24 @@ def best_time(fn: Callable[[int], object], repeats: int) -> float:
     return best
 
 
+def bench_size(d: int, ratio: float, repeats: int, reference: bool) -> dict[str, float]:
+    """Best-of-``repeats`` seconds of each case on a ``d``-vector."""
+    x = torch.randn(d, generator=torch.Generator().manual_seed(0))
+    k = max(1, round(ratio * d))
+    randk, topk = RandK(ratio=ratio), TopK(ratio=ratio)
+    cases: dict[str, Callable[[int], object]] = {
+        "memory copy (clone)": lambda r: x.clone(),
+        "RandK compress+decompress": lambda r: randk.compress(x, seed=7, step=r).decompress(),
+        "TopK compress+decompress": lambda r: topk.compress(x, seed=7, step=r).decompress(),
+    }
+    if reference:
+        cases["torch.topk(|x|, k)"] = lambda r: torch.topk(x.abs(), k, sorted=False)
+        cases["torch.randperm(d)[:k]"] = lambda r: torch.randperm(d)[:k]
+    return {name: best_time(fn, repeats) for name, fn in cases.items()}
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--sizes", type=int, nargs="+", default=[10_000_000, 100_000_000])
     parser.add_argument("--ratio", type=float, default=0.01)
     parser.add_argument("--repeats", type=int, default=5)
@@ -41,18 +57,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, ratio={args.ratio}")
     print(f"{'numel':>12} {'what':<28} {'ms':>9} {'x copy':>8}")
     for d in args.sizes:
-        x = torch.randn(d, generator=torch.Generator().manual_seed(0))
-        k = max(1, round(args.ratio * d))
-        randk, topk = RandK(ratio=args.ratio), TopK(ratio=args.ratio)
-        cases: dict[str, Callable[[int], object]] = {
-            "memory copy (clone)": lambda r: x.clone(),
-            "RandK compress+decompress": lambda r: randk.compress(x, seed=7, step=r).decompress(),
-            "TopK compress+decompress": lambda r: topk.compress(x, seed=7, step=r).decompress(),
-        }
-        if not args.no_reference:
-            cases["torch.topk(|x|, k)"] = lambda r: torch.topk(x.abs(), k, sorted=False)
-            cases["torch.randperm(d)[:k]"] = lambda r: torch.randperm(d)[:k]
-        times = {name: best_time(fn, args.repeats) for name, fn in cases.items()}
+        times = bench_size(d, args.ratio, args.repeats, not args.no_reference)
         copy = times["memory copy (clone)"]
         for name, t in times.items():
             print(f"{d:>12} {name:<28} {t * 1e3:>9.1f} {t / copy:>8.2f}")

@@ -27,7 +27,9 @@ class CompressorConfig(_Section):
     """A compressor and its keep-ratio."""
 
     name: CompressorName = Field("identity", description="identity, randk (unbiased) or topk (contractive)")
-    ratio: float = Field(1.0, gt=0, le=1, description="fraction k/d of coordinates kept (ignored by identity)")
+    ratio: float = Field(
+        1.0, gt=0, le=1, description="fraction k/d of coordinates kept (ignored by identity)"
+    )
     coordinates: Literal["shared", "per_device"] = Field(
         "shared",
         description="randk only: 'shared' = every device keeps the same coordinates (seed, step), so the "
@@ -65,10 +67,11 @@ class MethodConfig(_Section):
         "null = 1 - k/d of the device compressor (balances compressed and full exchanges)",
     )
     device_compressor: CompressorConfig = Field(
-        default_factory=CompressorConfig, description="compressor applied by each device to its message"
+        default_factory=lambda: CompressorConfig(),
+        description="compressor applied by each device to its message",
     )
     server_compressor: CompressorConfig = Field(
-        default_factory=CompressorConfig, description="compressor applied to the group's aggregate"
+        default_factory=lambda: CompressorConfig(), description="compressor applied to the group's aggregate"
     )
 
     @model_validator(mode="after")
@@ -99,7 +102,7 @@ class RunConfig(_Section):
         "collab-run", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$", description="run name"
     )
     seed: int = Field(0, ge=0, lt=2**63, description="seed of everything random that peers must agree on")
-    task: TaskConfig = Field(default_factory=BilinearTaskConfig, description="the problem to solve")
+    task: TaskConfig = Field(default_factory=lambda: BilinearTaskConfig(), description="the problem to solve")
     method: MethodConfig = Field(..., description="the method and its compressors")
     num_devices: int = Field(4, ge=1, le=10_000, description="number of devices M (simulation)")
     max_steps: int = Field(1000, ge=1, description="number of steps to run")
@@ -166,7 +169,9 @@ def with_overrides(cfg: RunConfig, **changes: Any) -> RunConfig:
     def merge(base: dict[str, Any], upd: dict[str, Any]) -> dict[str, Any]:
         out = dict(base)
         for key, val in upd.items():
-            out[key] = merge(out[key], val) if isinstance(val, dict) and isinstance(out.get(key), dict) else val
+            out[key] = (
+                merge(out[key], val) if isinstance(val, dict) and isinstance(out.get(key), dict) else val
+            )
         return out
 
     return parse_config(merge(cfg.model_dump(mode="json"), changes))

@@ -50,7 +50,9 @@ def _method_override(cfg: RunConfig, args: argparse.Namespace) -> dict[str, Any]
         for key in ("device_compressor", "server_compressor"):
             name = data[key]["name"]
             if args.method == "extragradient" or (name != "identity" and name != wanted):
-                data[key]["name"] = "identity" if (key == "server_compressor" or wanted == "identity") else wanted
+                data[key]["name"] = (
+                    "identity" if (key == "server_compressor" or wanted == "identity") else wanted
+                )
     if args.ratio is not None:
         for key in ("device_compressor", "server_compressor"):
             if data[key]["name"] != "identity":
@@ -159,15 +161,24 @@ def run(args: argparse.Namespace) -> int:
     print(_table(results))
     print(f"metrics written to {args.metrics}" + (f", plot to {args.plot}" if args.plot else ""))
     if args.json:
-        out: dict[str, Any] = results[0].summary() if len(results) == 1 else {"results": [r.summary() for r in results]}
+        out: dict[str, Any] = (
+            results[0].summary() if len(results) == 1 else {"results": [r.summary() for r in results]}
+        )
         if len(results) > 1:
             base = next((r for r in results if r.method == "extragradient"), None)
             if base and base.bits_to_target:
                 out["savings_vs_extragradient"] = {
-                    r.label: (base.bits_to_target / r.bits_to_target if r.bits_to_target else None) for r in results
+                    r.label: (base.bits_to_target / r.bits_to_target if r.bits_to_target else None)
+                    for r in results
                 }
         out["run_id"], out["config_version"] = cfg.run_id, cfg.version()
-        print(json.dumps(out, allow_nan=False, default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else x))
+        print(
+            json.dumps(
+                out,
+                allow_nan=False,
+                default=lambda x: None if isinstance(x, float) and not math.isfinite(x) else x,
+            )
+        )
     ok = all(math.isfinite(r.final_metric) for r in results)
     return 0 if ok else 1
 

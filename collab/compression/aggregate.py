@@ -22,8 +22,7 @@ from collab.compression.message import CompressedMessage, MessageKind
 def _same_shared_support(messages: Sequence[CompressedMessage]) -> bool:
     first = messages[0]
     return all(
-        m.kind == MessageKind.SHARED
-        and (m.seed, m.step, m.count) == (first.seed, first.step, first.count)
+        m.kind == MessageKind.SHARED and (m.seed, m.step, m.count) == (first.seed, first.step, first.count)
         for m in messages
     )
 

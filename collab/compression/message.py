@@ -98,7 +98,14 @@ class CompressedMessage:
         """Serialize (wire format version 1)."""
         wide = self.numel > 2**32
         header = _HEADER.pack(
-            _MAGIC, WIRE_VERSION, int(self.kind), 8 if wide else 4, self.numel, self.count, self.seed, self.step
+            _MAGIC,
+            WIRE_VERSION,
+            int(self.kind),
+            8 if wide else 4,
+            self.numel,
+            self.count,
+            self.seed,
+            self.step,
         )
         parts = [header]
         if self.kind == MessageKind.SPARSE:

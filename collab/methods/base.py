@@ -81,7 +81,9 @@ class Aggregator(ABC):
         """How many devices this process contributes for (M in simulation, 1 on a peer)."""
 
     @abstractmethod
-    def reduce(self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn) -> CompressedMessage:
+    def reduce(
+        self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn
+    ) -> CompressedMessage:
         """The server message computed from the group's weighted average."""
 
     @property
@@ -223,12 +225,12 @@ class Method(ABC):
     def _step(self, state: MethodState) -> tuple[MethodState, list[torch.Tensor | None], bool]: ...
 
     # helpers shared by the methods -------------------------------------------------------------
-    def _dense_average(self, key: RoundKey, vectors: Sequence[torch.Tensor], weights: Sequence[float]) -> torch.Tensor:
+    def _dense_average(
+        self, key: RoundKey, vectors: Sequence[torch.Tensor], weights: Sequence[float]
+    ) -> torch.Tensor:
         """Exact uncompressed average of one vector per local device."""
         from collab.compression import Identity
 
         ident = Identity()
-        contributions = [
-            Contribution(ident.compress(v), w) for v, w in zip(vectors, weights, strict=True)
-        ]
+        contributions = [Contribution(ident.compress(v), w) for v, w in zip(vectors, weights, strict=True)]
         return self.aggregator.reduce(key, contributions, server=lambda s: s).decompress()

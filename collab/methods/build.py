@@ -38,7 +38,9 @@ def build_method(
         )
         for n, i in enumerate(device_indices)
     ]
-    common = dict(z0=task.initial_point(), workers=workers, aggregator=aggregator, gamma=mc.gamma, seed=cfg.seed)
+    common = dict(
+        z0=task.initial_point(), workers=workers, aggregator=aggregator, gamma=mc.gamma, seed=cfg.seed
+    )
     if mc.name == "extragradient":
         return ExtraGradient(project=task.project, **common)  # type: ignore[arg-type]
     cls = MASHA1 if mc.name == "masha1" else MASHA2

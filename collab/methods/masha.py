@@ -44,7 +44,9 @@ class _Masha(Method):
         server_compressor: Compressor | None = None,
         project: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
-        super().__init__(z0=z0, workers=workers, aggregator=aggregator, gamma=gamma, seed=seed, project=project)
+        super().__init__(
+            z0=z0, workers=workers, aggregator=aggregator, gamma=gamma, seed=seed, project=project
+        )
         if not 0 <= tau < 1:
             raise ValueError("tau must be in [0, 1)")
         self.tau = float(tau)
@@ -85,7 +87,8 @@ class _Masha(Method):
         zbar = self.tau * state.z + (1.0 - self.tau) * state.w
         z_half = self.project(zbar - self.gamma * state.fw)
 
-        contributions, new_errors = [], []
+        contributions: list[Contribution] = []
+        new_errors: list[torch.Tensor | None] = []
         for worker in self.workers:
             f_half, f_w = worker.operator.evaluate([z_half, state.w], step=k)
             delta = f_half - f_w
@@ -115,7 +118,11 @@ class _Masha(Method):
         else:
             w_next, fw_next = state.w, state.fw
         new_state = MethodState(
-            step=k + 1, z=z_next, w=w_next, fw=fw_next, server_error=server_out.get("error", state.server_error)
+            step=k + 1,
+            z=z_next,
+            w=w_next,
+            fw=fw_next,
+            server_error=server_out.get("error", state.server_error),
         )
         return new_state, new_errors, refreshed
 
@@ -142,4 +149,3 @@ class MASHA2(_Masha):
 
     name = "masha2"
     error_feedback = True
-

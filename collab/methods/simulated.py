@@ -26,7 +26,9 @@ class SimulatedAggregator(Aggregator):
     def num_local(self) -> int:
         return self._m
 
-    def reduce(self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn) -> CompressedMessage:
+    def reduce(
+        self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn
+    ) -> CompressedMessage:
         if len(contributions) != self._m:
             raise ValueError(f"round {key}: expected {self._m} contributions, got {len(contributions)}")
         mean = weighted_mean([c.message for c in contributions], [c.weight for c in contributions])

@@ -105,7 +105,7 @@ def simulate(
 
 
 def write_metrics_csv(path: str | Path, results: list[SimulationResult]) -> None:
-    """``method, label, step, bits_per_device, bits_down_per_device, rel_distance`` for every recorded step."""
+    """One CSV row per recorded step: method, label, step, bits (up, down) per device, rel_distance."""
     with open(path, "w", newline="") as f:
         out = csv.writer(f)
         out.writerow(["method", "label", "step", "bits_per_device", "bits_down_per_device", "rel_distance"])

@@ -19,7 +19,9 @@ class LocalOperator(ABC):
     dim: int
 
     @abstractmethod
-    def evaluate(self, points: Sequence[torch.Tensor], *, step: int, full: bool = False) -> list[torch.Tensor]:
+    def evaluate(
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False
+    ) -> list[torch.Tensor]:
         """``F_m`` at each point, all on the same minibatch of ``step`` (``full``: on all local data).
 
         Using one minibatch for all points of a step is what makes ``F_m(z') - F_m(w)`` small and

@@ -33,7 +33,9 @@ class BilinearOperator(LocalOperator):
         gy = -(self.a_mat.T @ x) - self.b_vec + self.lam * y
         return torch.cat([gx, gy])
 
-    def evaluate(self, points: Sequence[torch.Tensor], *, step: int, full: bool = False) -> list[torch.Tensor]:
+    def evaluate(
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False
+    ) -> list[torch.Tensor]:
         return [self._at(p) for p in points]
 
 

@@ -1,0 +1,58 @@
+"""Shared test fixtures: repository paths and a reaper for child processes started by a test."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+CONFIGS = REPO / "configs"
+
+
+def _children(pid: int) -> set[int]:
+    """All descendant PIDs of ``pid`` (from /proc, no extra dependency)."""
+    kids: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        kids.setdefault(int(fields[1]), []).append(int(entry.name))
+    out: set[int] = set()
+    stack = [pid]
+    while stack:
+        for child in kids.get(stack.pop(), []):
+            if child not in out:
+                out.add(child)
+                stack.append(child)
+    return out
+
+
+@pytest.fixture(autouse=True)
+def reap_children() -> Iterator[None]:
+    """Kill (by PID) any process a test left behind, and fail that test: every test cleans up after itself."""
+    before = _children(os.getpid())
+    yield
+    leftover = _children(os.getpid()) - before
+    for pid in leftover:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    for pid in leftover:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(pid, 0)
+    assert not leftover, f"test left child processes behind: {sorted(leftover)}"
+
+
+def run_cli(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
+    """Run ``collab ARGS`` as a user would (a separate process), with a timeout."""
+    return subprocess.run(
+        ["collab", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, check=False
+    )
