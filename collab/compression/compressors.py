@@ -139,12 +139,30 @@ def _select_with_ties(a: torch.Tensor, k: int) -> torch.Tensor:
     return torch.sort(torch.cat([above, ties])).values
 
 
-def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
+class _Scratch:
+    """Reusable work buffers: writing into memory already mapped is ~3x faster than into fresh pages."""
+
+    def __init__(self) -> None:
+        self.abs: torch.Tensor | None = None
+        self.mask: torch.Tensor | None = None
+
+    def get(self, d: int) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.abs is None or self.mask is None or self.abs.numel() != d:
+            self.abs = torch.empty(d, dtype=torch.float32)
+            self.mask = torch.empty(d, dtype=torch.bool)
+        return self.abs, self.mask
+
+
+def topk_indices(x: torch.Tensor, k: int, *, scratch: _Scratch | None = None) -> torch.Tensor:
     """Sorted int64 positions of the ``k`` largest ``|x_i|`` (ties: lower index first). ``x`` finite."""
     d = x.numel()
     if k >= d:
         return torch.arange(d, dtype=torch.int64)
-    a = x.abs()
+    if scratch is not None and d >= _SAMPLED_THRESHOLD_MIN_NUMEL:
+        a, mask = scratch.get(d)
+        torch.abs(x, out=a)
+    else:
+        a, mask = x.abs(), None
     if d < _SAMPLED_THRESHOLD_MIN_NUMEL or k > d // 8:
         return _select_with_ties(a, k)
     # Find a threshold t with slightly more than k entries >= t, from a fixed-seed sample; then one pass
@@ -155,7 +173,8 @@ def topk_indices(x: torch.Tensor, k: int) -> torch.Tensor:
     rank = min(_THRESHOLD_SAMPLE, math.ceil(expected + 4.0 * math.sqrt(expected) + 8))
     t = torch.topk(sample, rank, largest=True, sorted=False).values.min()
     # numpy's flatnonzero reads a bool mask in one pass; torch.nonzero takes ~3x longer on CPU.
-    candidates = torch.from_numpy(np.flatnonzero((a >= t).numpy()))
+    above = torch.ge(a, t, out=mask) if mask is not None else a >= t
+    candidates = torch.from_numpy(np.flatnonzero(above.numpy()))
     if candidates.numel() < k:  # the sample was unlucky: fall back to the exact full selection
         return _select_with_ties(a, k)
     return candidates[_select_with_ties(a[candidates], k)]
@@ -166,6 +185,7 @@ class TopK(Compressor):
 
     Deterministic: ties are broken by the lower index, so every device computes the same message for
     the same input. Indices are explicit (message kind ``SPARSE``) and cost ``index_bits(d)`` each.
+    Large inputs are compressed with reusable work buffers (5 bytes per coordinate, kept by the instance).
     """
 
     name = "topk"
@@ -175,6 +195,7 @@ class TopK(Compressor):
         if not 0 < ratio <= 1:
             raise ValueError(f"ratio must be in (0, 1], got {ratio}")
         self.ratio = float(ratio)
+        self._scratch = _Scratch()
 
     def k_of(self, numel: int) -> int:
         return _k_from_ratio(self.ratio, numel)
@@ -182,7 +203,7 @@ class TopK(Compressor):
     def compress(self, x: torch.Tensor, *, seed: int = 0, step: int = 0) -> CompressedMessage:
         flat = _as_flat_f32(x)
         d = flat.numel()
-        idx = topk_indices(flat, self.k_of(d))
+        idx = topk_indices(flat, self.k_of(d), scratch=self._scratch)
         return CompressedMessage(MessageKind.SPARSE, d, flat[idx], idx)
 
     def delta(self, numel: int) -> float:

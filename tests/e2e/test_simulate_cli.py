@@ -61,7 +61,8 @@ def test_simulate_overrides_and_compare(tmp_path: Path) -> None:
     out = json.loads(res.stdout.strip().splitlines()[-1])
     savings = out["savings_vs_extragradient"]
     assert savings["extragradient"] == 1.0
-    assert all(v is not None and v > 1.5 for k, v in savings.items() if k != "extragradient")
+    assert all(v is not None and v > 1.05 for k, v in savings.items() if k != "extragradient")
+    assert max(savings.values()) > 2.0
     assert plot.stat().st_size > 10_000 and plot.read_bytes()[:4] == b"\x89PNG"
     assert "saving" in res.stdout
 
