@@ -52,7 +52,8 @@ def main() -> None:
     print(f"L = {lip:.4f}; {args.method}: bits/device to {cfg.target_rel_distance:g}, best first")
     print(f"{'kbit':>10} {'ratio':>6} {'tau':>5} {'gamma*L':>8} {'gamma':>8} {'steps':>6}")
     for bits, ratio, tau, f, gamma, steps in sorted(rows):
-        print(f"{bits / 1e3:>10.1f} {ratio:>6g} {tau if tau is not None else '-':>5} {f:>8g} {gamma:>8.4f} {steps:>6}")
+        tau_s = "-" if tau is None else f"{tau:g}"
+        print(f"{bits / 1e3:>10.1f} {ratio:>6g} {tau_s:>5} {f:>8g} {gamma:>8.4f} {steps:>6}")
 
 
 if __name__ == "__main__":
