@@ -95,6 +95,37 @@ class MethodConfig(_Section):
         return 1.0 - k / numel
 
 
+class SwarmConfig(_Section):
+    """How peers form groups and exchange messages (all times in float seconds)."""
+
+    min_group_size: int = Field(2, ge=1, description="a round with fewer members fails and is retried")
+    target_group_size: int | None = Field(
+        None, ge=2, description="close a group as soon as it has this many members (null: all that came)"
+    )
+    min_matchmaking_time_s: float = Field(
+        0.5, gt=0, description="how long a leader waits for announced peers before it closes the group"
+    )
+    matchmaking_timeout_s: float = Field(8.0, gt=0, description="give up forming a group after this long")
+    allreduce_timeout_s: float = Field(10.0, gt=0, description="give up a round's exchange after this long")
+    heartbeat_interval_s: float = Field(1.0, gt=0, description="how often a peer refreshes its alive record")
+    heartbeat_ttl_s: float = Field(
+        4.0, gt=0, description="an alive record older than this means the peer left"
+    )
+    suspect_ttl_s: float = Field(15.0, gt=0, description="how long a peer that failed a call is avoided")
+    state_sync_timeout_s: float = Field(30.0, gt=0, description="time limit for downloading the state")
+    max_message_bytes: int = Field(
+        512 * 1024**2, ge=1024, description="largest message a peer accepts (bigger ones are refused)"
+    )
+
+    @model_validator(mode="after")
+    def _timeouts_consistent(self) -> SwarmConfig:
+        if self.min_matchmaking_time_s >= self.matchmaking_timeout_s:
+            raise ValueError("min_matchmaking_time_s must be smaller than matchmaking_timeout_s")
+        if self.heartbeat_interval_s >= self.heartbeat_ttl_s:
+            raise ValueError("heartbeat_interval_s must be smaller than heartbeat_ttl_s")
+        return self
+
+
 class RunConfig(_Section):
     """Everything that defines a run. Every peer of a swarm must hold the same one (see ``version``)."""
 
@@ -108,6 +139,9 @@ class RunConfig(_Section):
     max_steps: int = Field(1000, ge=1, description="number of steps to run")
     target_rel_distance: float = Field(
         1e-6, gt=0, description="target accuracy: squared distance to the solution relative to the start"
+    )
+    swarm: SwarmConfig = Field(
+        default_factory=lambda: SwarmConfig(), description="group formation and exchange timeouts"
     )
     compare: list[MethodConfig] = Field(
         default_factory=list, description="methods run by `collab simulate --compare` (default: the method)"

@@ -12,11 +12,12 @@ import sys
 from collections.abc import Sequence
 
 from collab import __version__
-from peers import simulate, validate
+from peers import join, simulate, validate
 
 SUBCOMMANDS = {
     "validate": validate,
     "simulate": simulate,
+    "join": join,
 }
 
 

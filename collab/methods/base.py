@@ -9,6 +9,7 @@ only has to return the same aggregate to everyone.
 from __future__ import annotations
 
 import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -132,6 +133,50 @@ class MethodState:
             h.update(t.detach().contiguous().cpu().numpy().tobytes())
         return h.hexdigest()[:32]
 
+    def to_bytes(self) -> bytes:
+        """Serialize: a JSON header (step, tensor names, sizes, hash) and the raw float32 bytes."""
+        tensors = sorted(self.tensors().items())
+        header = {
+            "version": 1,
+            "step": self.step,
+            "tensors": [[name, int(t.numel())] for name, t in tensors],
+            "hash": self.hash(),
+        }
+        head = json.dumps(header).encode()
+        body = b"".join(t.detach().contiguous().float().numpy().tobytes() for _, t in tensors)
+        return len(head).to_bytes(4, "little") + head + body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> MethodState:
+        """Parse :meth:`to_bytes` output and check its hash; raises ``ValueError`` on any mismatch."""
+        try:
+            n = int.from_bytes(data[:4], "little")
+            header = json.loads(data[4 : 4 + n])
+            offset = 4 + n
+            tensors: dict[str, torch.Tensor] = {}
+            for name, numel in header["tensors"]:
+                size = 4 * int(numel)
+                chunk = data[offset : offset + size]
+                if len(chunk) != size:
+                    raise ValueError("truncated state")
+                tensors[str(name)] = torch.frombuffer(bytearray(chunk), dtype=torch.float32)
+                offset += size
+            if offset != len(data):
+                raise ValueError("trailing bytes after state")
+            state = cls(
+                step=int(header["step"]),
+                z=tensors.pop("z"),
+                w=tensors.pop("w"),
+                fw=tensors.pop("fw"),
+                server_error=tensors.pop("server_error", None),
+                extra=tensors,
+            )
+        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+            raise ValueError(f"malformed method state: {e}") from None
+        if state.hash() != header.get("hash"):
+            raise ValueError("method state hash mismatch: refusing to load it")
+        return state
+
     def clone(self) -> MethodState:
         return MethodState(
             step=self.step,
@@ -163,6 +208,7 @@ class Method(ABC):
     """
 
     name: str = "method"
+    error_feedback: bool = False  # whether devices keep error-feedback buffers (MASHA2)
 
     def __init__(
         self,
@@ -212,6 +258,14 @@ class Method(ABC):
             group_size=self.aggregator.last_group_size,
             refreshed=refreshed,
         )
+
+    def adopt_state(self, state: MethodState) -> None:
+        """Take over a replicated state downloaded from a peer; local device buffers start fresh."""
+        if state.z.numel() != self.dim:
+            raise ValueError(f"state has {state.z.numel()} coordinates, this method {self.dim}")
+        self.state = state.clone()
+        for worker in self.workers:
+            worker.error = torch.zeros(self.dim) if self.error_feedback else None
 
     @property
     def z(self) -> torch.Tensor:

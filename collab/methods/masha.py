@@ -30,8 +30,6 @@ from collab.rng import coin, derived_seed
 
 
 class _Masha(Method):
-    error_feedback: bool = False
-
     def __init__(
         self,
         *,

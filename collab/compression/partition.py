@@ -1,0 +1,108 @@
+"""Split a message into ``n`` parts for a reduce-scatter and put the reduced parts back together.
+
+Pure tensor code (no networking): the swarm uses it so that part ``j`` of every member's message goes
+to member ``j``, who averages that part once with :func:`~collab.compression.aggregate.weighted_mean`
+and returns the same bytes to everyone. Reassembling the reduced parts gives exactly what
+``weighted_mean`` of the whole messages gives (same float64 operations per coordinate, same order).
+
+Layouts:
+
+* ``dense``  - the d values split into ``n`` contiguous position ranges;
+* ``shared`` - Rand-k on shared coordinates: the k values split by position (every member has the same
+  index list, so only values travel);
+* ``sparse`` - explicit indices (Top-k, per-device Rand-k): the coordinate range ``[0, d)`` split into
+  ``n`` ranges, each part carrying the entries whose index falls in its range.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+
+import torch
+
+from collab.compression.message import CompressedMessage, MessageKind
+
+LAYOUTS = ("dense", "shared", "sparse")
+
+
+def layout_of(msg: CompressedMessage) -> str:
+    if msg.kind == MessageKind.DENSE:
+        return "dense"
+    return "shared" if msg.kind == MessageKind.SHARED else "sparse"
+
+
+def bounds(length: int, n: int) -> list[tuple[int, int]]:
+    """``n`` contiguous ranges covering ``[0, length)``, sizes differing by at most one."""
+    base, extra = divmod(length, n)
+    out, start = [], 0
+    for j in range(n):
+        end = start + base + (1 if j < extra else 0)
+        out.append((start, end))
+        start = end
+    return out
+
+
+def split(msg: CompressedMessage, n: int, layout: str | None = None) -> list[CompressedMessage]:
+    """The ``n`` parts of ``msg`` (``layout`` defaults to the message's own; ``sparse`` also takes
+    ``SHARED`` messages with per-device coordinates, sending their indices explicitly)."""
+    layout = layout or layout_of(msg)
+    if layout in ("dense", "shared"):
+        if layout == "dense" and msg.kind != MessageKind.DENSE:
+            raise ValueError("dense layout needs a dense message")
+        return [
+            CompressedMessage(MessageKind.DENSE, hi - lo, msg.values[lo:hi].clone())
+            for lo, hi in bounds(msg.count, n)
+        ]
+    if layout != "sparse" or msg.indices is None:
+        raise ValueError(f"cannot split a {msg.kind.name} message with layout {layout!r}")
+    cuts = torch.tensor([hi for _, hi in bounds(msg.numel, n)][:-1], dtype=torch.int64)
+    pos = torch.searchsorted(msg.indices, cuts).tolist()
+    edges = [0, *pos, msg.count]
+    return [
+        CompressedMessage(MessageKind.SPARSE, msg.numel, msg.values[a:b].clone(), msg.indices[a:b].clone())
+        for a, b in itertools.pairwise(edges)
+    ]
+
+
+def check_part(
+    part: CompressedMessage, *, layout: str, numel: int, n: int, j: int, count: int | None
+) -> None:
+    """Raise ``ValueError`` unless ``part`` is a well-formed part ``j`` of ``n`` for the layout."""
+    if layout in ("dense", "shared"):
+        total = numel if layout == "dense" else count
+        if total is None:
+            raise ValueError("shared layout needs the value count")
+        lo, hi = bounds(total, n)[j]
+        if part.kind != MessageKind.DENSE or part.numel != hi - lo:
+            raise ValueError(f"part {j}/{n} must be {hi - lo} dense values")
+        return
+    lo, hi = bounds(numel, n)[j]
+    if part.kind != MessageKind.SPARSE or part.numel != numel:
+        raise ValueError(f"part {j}/{n} must be a sparse message over {numel} coordinates")
+    assert part.indices is not None
+    if part.count and (int(part.indices[0]) < lo or int(part.indices[-1]) >= hi):
+        raise ValueError(f"part {j}/{n} has indices outside [{lo}, {hi})")
+
+
+def assemble(
+    parts: Sequence[CompressedMessage], *, layout: str, numel: int, template: CompressedMessage | None = None
+) -> CompressedMessage:
+    """The whole reduced message from its reduced parts (in part order).
+
+    ``template`` (the local message) supplies the shared index list and seed for the ``shared`` layout.
+    """
+    if layout == "dense":
+        return CompressedMessage(MessageKind.DENSE, numel, torch.cat([p.values for p in parts]))
+    if layout == "shared":
+        if template is None or template.indices is None:
+            raise ValueError("shared layout needs the local message as template")
+        values = torch.cat([p.values for p in parts])
+        return CompressedMessage(
+            MessageKind.SHARED, numel, values, template.indices, seed=template.seed, step=template.step
+        )
+    values = torch.cat([p.values for p in parts])
+    indices = torch.cat([p.indices for p in parts if p.indices is not None])
+    if indices.numel() == numel:
+        return CompressedMessage(MessageKind.DENSE, numel, values)
+    return CompressedMessage(MessageKind.SPARSE, numel, values, indices)

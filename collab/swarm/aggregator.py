@@ -1,0 +1,85 @@
+"""SwarmAggregator: the :class:`~collab.methods.base.Aggregator` of a real peer.
+
+One local device per process. A round is: form the group of ``(step, phase)`` (matchmaking), exact
+reduce among its members, then the method's deterministic server step. Any failure - a peer lost, a
+timeout, a malformed part - raises :class:`~collab.methods.base.RoundFailed`; the method then leaves its
+state untouched and the step is redone.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+from collab.compression import CompressedMessage, MessageKind
+from collab.config import SwarmConfig
+from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
+from collab.swarm.allreduce import ExactReducer, PeerUnreachable
+from collab.swarm.matchmaking import Group, Matchmaker
+from collab.swarm.transport import SwarmNode
+
+logger = logging.getLogger(__name__)
+
+
+class SwarmAggregator(Aggregator):
+    """``SwarmAggregator(node=..., run_id=..., cfg=..., device_index=m, shared_seed=run_seed)``."""
+
+    def __init__(
+        self, *, node: SwarmNode, run_id: str, cfg: SwarmConfig, device_index: int, shared_seed: int
+    ) -> None:
+        self.node, self.cfg, self.shared_seed = node, cfg, shared_seed
+        self.stats = CommStats()
+        self.matchmaker = Matchmaker(node=node, run_id=run_id, cfg=cfg, device_index=device_index)
+        self.reducer = ExactReducer(node=node, cfg=cfg)
+        self._last_group: Group | None = None
+
+    @property
+    def num_local(self) -> int:
+        return 1
+
+    @property
+    def last_group_size(self) -> int:
+        return len(self._last_group) if self._last_group is not None else 0
+
+    @property
+    def last_group(self) -> Group | None:
+        return self._last_group
+
+    def _layout(self, msg: CompressedMessage) -> str:
+        if msg.kind == MessageKind.DENSE:
+            return "dense"
+        # Rand-k on the run's shared coordinates travels as values only; anything else (Top-k,
+        # per-device Rand-k) as explicit indices partitioned by coordinate range.
+        return "shared" if msg.kind == MessageKind.SHARED and msg.seed == self.shared_seed else "sparse"
+
+    def reduce(
+        self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn
+    ) -> CompressedMessage:
+        if len(contributions) != 1:
+            raise ValueError("a swarm peer contributes for exactly one device")
+        c = contributions[0]
+        round_id = f"{key.step}.{key.phase}"
+        sent0, recv0 = self.node.bytes_sent, self.node.bytes_received
+        try:
+            group = self.node.run(
+                self.matchmaker.form_group(round_id), timeout_s=self.cfg.matchmaking_timeout_s + 5.0
+            )
+            mean = self.node.run(
+                self.reducer.reduce(group, c.message, c.weight, self._layout(c.message)),
+                timeout_s=self.cfg.allreduce_timeout_s + 5.0,
+            )
+        except PeerUnreachable as e:
+            self.matchmaker.suspect(e.peer)
+            raise
+        except TimeoutError:
+            raise RoundFailed(f"round {round_id} timed out") from None
+        finally:
+            self.stats.wire_bytes_sent += self.node.bytes_sent - sent0
+            self.stats.wire_bytes_received += self.node.bytes_received - recv0
+        out = server(mean)
+        self.stats.bits_up += c.message.bits
+        self.stats.bits_down += out.bits
+        self.stats.rounds += 1
+        self._last_group = group
+        logger.debug("%s round %s: group of %d", self.node.peer_key[-6:], round_id, len(group))
+        return out

@@ -1,0 +1,226 @@
+"""Forming the group of a round: which peers average together for ``(step, phase)``.
+
+Protocol (one round):
+
+1. every peer announces itself in the DHT under ``{run_id}_round_{step}.{phase}`` (subkey: its peer key,
+   value: its device index) and, a moment later, reads who else announced;
+2. the peer with the smallest key among the announced, reachable ones is the **leader**; the others send
+   it a ``collab.join`` call and wait;
+3. the leader closes the group when every live peer has joined, or when ``target_group_size`` is reached,
+   or when ``min_matchmaking_time_s`` has passed and every announced peer has joined, or at
+   ``matchmaking_timeout_s``; it answers every joiner with the member list, ordered canonically by
+   ``(device index, peer key)`` - the order in which every member sums contributions.
+
+A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
+gets ``closed`` and its round fails (it is late and will resynchronize). A group below
+``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import time
+from dataclasses import dataclass, field
+
+from hivemind.utils import get_dht_time
+
+from collab.config import SwarmConfig
+from collab.methods.base import RoundFailed
+from collab.swarm.transport import Header, SwarmNode, TransportError
+
+logger = logging.getLogger(__name__)
+
+JOIN = "collab.join"
+
+
+@dataclass(frozen=True)
+class Group:
+    """The members of one round, in canonical order, and an id every member computes the same way."""
+
+    round_id: str
+    members: tuple[tuple[int, str], ...]  # (device index, peer key), sorted
+
+    @property
+    def group_id(self) -> str:
+        text = self.round_id + "|" + ",".join(f"{d}:{p}" for d, p in self.members)
+        return hashlib.sha256(text.encode()).hexdigest()[:24]
+
+    @property
+    def peers(self) -> list[str]:
+        return [p for _, p in self.members]
+
+    def index_of(self, peer_key: str) -> int:
+        return self.peers.index(peer_key)
+
+    def __len__(self) -> int:
+        return len(self.members)
+
+
+@dataclass
+class _Round:
+    role: str = "pending"  # pending | leader | follower
+    leader: str | None = None
+    joiners: dict[str, int] = field(default_factory=dict)
+    changed: asyncio.Event = field(default_factory=asyncio.Event)
+    group: asyncio.Future[Group] | None = None
+    closed: bool = False
+    created: float = field(default_factory=time.monotonic)
+
+
+class Matchmaker:
+    """Runs on the node's event loop; ``form_group(round_id)`` returns the round's :class:`Group`."""
+
+    def __init__(self, *, node: SwarmNode, run_id: str, cfg: SwarmConfig, device_index: int) -> None:
+        self.node, self.run_id, self.cfg, self.device_index = node, run_id, cfg, device_index
+        self._rounds: dict[str, _Round] = {}
+        self._suspects: dict[str, float] = {}
+        self.alive_peers: dict[str, dict[str, object]] = {}  # refreshed by the heartbeat
+        node.serve(JOIN, self._handle_join)
+
+    # ---- bookkeeping --------------------------------------------------------------------------------
+    def suspect(self, peer_key: str) -> None:
+        """Avoid ``peer_key`` (as leader or member) for ``suspect_ttl_s``."""
+        if peer_key != self.node.peer_key:
+            self._suspects[peer_key] = time.monotonic() + self.cfg.suspect_ttl_s
+
+    def is_suspect(self, peer_key: str) -> bool:
+        until = self._suspects.get(peer_key)
+        return until is not None and until > time.monotonic()
+
+    def _round(self, round_id: str) -> _Round:
+        r = self._rounds.get(round_id)
+        if r is None:
+            r = self._rounds[round_id] = _Round()
+            r.group = asyncio.get_running_loop().create_future()
+            horizon = time.monotonic() - 4 * self.cfg.matchmaking_timeout_s
+            for old in [k for k, v in self._rounds.items() if v.created < horizon]:
+                self._rounds.pop(old, None)
+        return r
+
+    def _key(self, round_id: str) -> str:
+        return f"{self.run_id}_round_{round_id}"
+
+    def _live_count(self) -> int:
+        return sum(1 for p in self.alive_peers if not self.is_suspect(p)) or 1
+
+    # ---- the joiner's side --------------------------------------------------------------------------
+    async def form_group(self, round_id: str) -> Group:
+        me = self.node.peer_key
+        start = time.monotonic()
+        deadline = start + self.cfg.matchmaking_timeout_s
+        r = self._round(round_id)
+        expiration = get_dht_time() + 2 * self.cfg.matchmaking_timeout_s
+        await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
+        await asyncio.sleep(min(0.1, self.cfg.min_matchmaking_time_s / 4))
+        while time.monotonic() < deadline:
+            announced = await self._announced(round_id)
+            leader = min([me, *announced])
+            if leader == me:
+                r.role, r.leader = "leader", me
+                return await self._lead(round_id, r, start, deadline)
+            r.role, r.leader = "follower", leader
+            self._redirect_joiners(r)
+            try:
+                answer, _ = await self.node.call(
+                    leader,
+                    JOIN,
+                    {"round": round_id, "device_index": self.device_index},
+                    timeout_s=max(0.1, deadline - time.monotonic()),
+                )
+            except TransportError as e:
+                logger.info("%s round %s: leader %s unreachable (%s)", me[-6:], round_id, leader[-6:], e)
+                self.suspect(leader)
+                continue
+            status = answer.get("status")
+            if status == "ok":
+                return Group(round_id, tuple((int(d), str(p)) for d, p in answer["members"]))
+            if status == "redirect":
+                await asyncio.sleep(0.02)
+                continue
+            raise RoundFailed(f"round {round_id}: leader {leader[-6:]} answered {status!r}")
+        raise RoundFailed(f"round {round_id}: no group within {self.cfg.matchmaking_timeout_s:.1f}s")
+
+    async def _announced(self, round_id: str) -> dict[str, int]:
+        found = await self.node.dht_get_dict(self._key(round_id))
+        out = {}
+        for peer, dev in found.items():
+            if peer != self.node.peer_key and not self.is_suspect(peer) and isinstance(dev, int):
+                out[peer] = dev
+        return out
+
+    def _redirect_joiners(self, r: _Round) -> None:
+        r.changed.set()
+
+    # ---- the leader's side --------------------------------------------------------------------------
+    async def _lead(self, round_id: str, r: _Round, start: float, deadline: float) -> Group:
+        me = self.node.peer_key
+        target = self.cfg.target_group_size
+        last_read = 0.0
+        announced: dict[str, int] = {}
+        while True:
+            now = time.monotonic()
+            if now - last_read > 0.1:
+                announced, last_read = await self._announced(round_id), now
+                if any(p < me for p in announced):  # a smaller peer showed up: it leads this round
+                    r.role, r.leader = "follower", min(announced)
+                    self._redirect_joiners(r)
+                    return await self.form_group_as_follower(round_id, deadline)
+            size = 1 + len(r.joiners)
+            all_announced_joined = set(announced) <= set(r.joiners)
+            everyone_here = all_announced_joined and size >= max(self._live_count(), self.cfg.min_group_size)
+            settled = now - start >= self.cfg.min_matchmaking_time_s and all_announced_joined
+            if (target is not None and size >= target) or everyone_here or settled or now >= deadline:
+                break
+            r.changed.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(r.changed.wait(), timeout=0.05)
+        r.closed = True
+        members = sorted([(self.device_index, me), *((d, p) for p, d in r.joiners.items())])
+        assert r.group is not None
+        if len(members) < self.cfg.min_group_size:
+            err = RoundFailed(
+                f"round {round_id}: only {len(members)} peer(s), need {self.cfg.min_group_size}"
+            )
+            r.group.set_exception(err)
+            r.group.exception()  # mark retrieved: joiners' handlers read it too
+            raise err
+        group = Group(round_id, tuple(members))
+        r.group.set_result(group)
+        return group
+
+    async def form_group_as_follower(self, round_id: str, deadline: float) -> Group:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise RoundFailed(f"round {round_id}: no group in time")
+        return await self.form_group(round_id)
+
+    async def _handle_join(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+        round_id = str(header["round"])
+        device_index = int(header["device_index"])
+        r = self._round(round_id)
+        if r.closed:
+            return {"status": "closed"}, b""
+        if r.role == "follower" and r.leader is not None:
+            return {"status": "redirect", "leader": r.leader}, b""
+        r.joiners[remote] = device_index
+        r.changed.set()
+        assert r.group is not None
+        while True:
+            done, _ = await asyncio.wait({r.group}, timeout=0.05)
+            if done:
+                break
+            if r.role == "follower":  # this peer stepped down: send the joiner to the real leader
+                r.joiners.pop(remote, None)
+                return {"status": "redirect", "leader": r.leader}, b""
+            if time.monotonic() - r.created > 2 * self.cfg.matchmaking_timeout_s:
+                r.joiners.pop(remote, None)
+                return {"status": "timeout"}, b""
+        if r.group.exception() is not None:
+            return {"status": "failed"}, b""
+        group = r.group.result()
+        if remote not in group.peers:
+            return {"status": "closed"}, b""
+        return {"status": "ok", "members": [[d, p] for d, p in group.members]}, b""

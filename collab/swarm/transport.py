@@ -1,0 +1,211 @@
+"""SwarmNode: a hivemind DHT node plus request/response calls between peers over its libp2p daemon.
+
+The only module that starts hivemind processes. A node runs the DHT (its own process and ``p2pd``), an
+asyncio loop in a background thread, and a replica of the DHT's P2P client in this process, on which
+collab registers binary stream handlers. Every message is one frame each way::
+
+    u32 header_len | header (UTF-8 JSON object) | u64 payload_len | payload
+
+with hard limits on both lengths (a frame over the limit is refused before it is read). Bytes of every
+frame sent and received are counted: these are the "wire bytes" of the accounting (DHT traffic, which
+runs in the DHT's own process, is not included).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import threading
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from typing import Any, TypeVar
+
+import hivemind
+from hivemind.p2p import PeerID
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+Header = dict[str, Any]
+Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, bytes]]]
+
+MAX_HEADER_BYTES = 64 * 1024
+
+
+class TransportError(RuntimeError):
+    """A call to a peer failed: unreachable, refused, timed out, or a malformed answer."""
+
+
+class RemoteError(TransportError):
+    """The peer answered with an error."""
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, bytes, int]:
+    head_len = int.from_bytes(await reader.readexactly(4), "little")
+    if head_len > MAX_HEADER_BYTES:
+        raise TransportError(f"frame header of {head_len} bytes exceeds {MAX_HEADER_BYTES}")
+    header = json.loads(await reader.readexactly(head_len))
+    if not isinstance(header, dict):
+        raise TransportError("frame header is not a JSON object")
+    size = int.from_bytes(await reader.readexactly(8), "little")
+    if size > max_payload:
+        raise TransportError(f"payload of {size} bytes exceeds the limit of {max_payload}")
+    payload = await reader.readexactly(size) if size else b""
+    return header, payload, 12 + head_len + size
+
+
+def _encode_frame(header: Header, payload: bytes) -> bytes:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return len(head).to_bytes(4, "little") + head + len(payload).to_bytes(8, "little") + payload
+
+
+class SwarmNode:
+    """One peer's presence in the swarm.
+
+    Example::
+
+        node = SwarmNode(initial_peers=["/ip4/127.0.0.1/tcp/4100/p2p/12D3..."])
+        node.serve("echo", handler)
+        header, payload = node.run(node.call(other_peer, "echo", {}, b"hi", timeout_s=5.0), timeout_s=10)
+        node.shutdown()
+    """
+
+    def __init__(
+        self,
+        *,
+        initial_peers: Sequence[str] = (),
+        host: str = "127.0.0.1",
+        port: int = 0,
+        client_mode: bool = False,
+        identity_path: str | None = None,
+        max_message_bytes: int = 512 * 1024**2,
+        start_timeout_s: float = 60.0,
+    ) -> None:
+        self.max_message_bytes = max_message_bytes
+        self.bytes_sent = 0
+        self.bytes_received = 0
+        kwargs: dict[str, Any] = {}
+        if identity_path:
+            kwargs["identity_path"] = identity_path
+        self.dht = hivemind.DHT(
+            initial_peers=list(initial_peers),
+            host_maddrs=[f"/ip4/{host}/tcp/{port}"],
+            client_mode=client_mode,
+            start=True,
+            await_ready=True,
+            **kwargs,
+        )
+        self._loop = asyncio.new_event_loop()
+        self._thread = threading.Thread(target=self._loop.run_forever, name="collab-swarm", daemon=True)
+        self._thread.start()
+        try:
+            self.p2p = self.run(self.dht.replicate_p2p(), timeout_s=start_timeout_s)
+        except BaseException:
+            self.shutdown()
+            raise
+        self.peer_id: PeerID = self.p2p.peer_id
+        self.peer_key: str = self.peer_id.to_base58()
+        self._closed = False
+
+    # ---- running coroutines from synchronous code -------------------------------------------------
+    def run(self, coro: Coroutine[Any, Any, T] | Awaitable[T], *, timeout_s: float) -> T:
+        """Run ``coro`` on the node's loop and wait for it (cancelled on timeout)."""
+        fut = asyncio.run_coroutine_threadsafe(_as_coroutine(coro), self._loop)
+        try:
+            return fut.result(timeout_s)
+        except TimeoutError:
+            fut.cancel()
+            raise
+
+    def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
+        """Start ``coro`` on the node's loop without waiting for it."""
+        asyncio.run_coroutine_threadsafe(coro, self._loop)
+
+    # ---- calls ------------------------------------------------------------------------------------
+    def serve(self, name: str, handler: Handler) -> None:
+        """Answer calls named ``name`` with ``handler(header, payload, remote_peer_key)``."""
+
+        async def on_stream(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            remote = info.peer_id.to_base58()
+            try:
+                header, payload, n = await _read_frame(reader, self.max_message_bytes)
+                self.bytes_received += n
+                try:
+                    out_header, out_payload = await handler(header, payload, remote)
+                except Exception as e:  # a bad request is the caller's problem: answer, keep serving
+                    logger.debug("%s: handler %s failed for %s: %s", self.peer_key[-6:], name, remote[-6:], e)
+                    out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
+                frame = _encode_frame(out_header, out_payload)
+                writer.write(frame)
+                await writer.drain()
+                self.bytes_sent += len(frame)
+            except (asyncio.IncompleteReadError, ConnectionError, TransportError, ValueError) as e:
+                logger.debug("%s: dropped %s stream from %s: %s", self.peer_key[-6:], name, remote[-6:], e)
+            finally:
+                writer.close()
+
+        self.run(self.p2p.add_binary_stream_handler(name, on_stream), timeout_s=30.0)
+
+    async def call(
+        self, peer_key: str, name: str, header: Header, payload: bytes = b"", *, timeout_s: float
+    ) -> tuple[Header, bytes]:
+        """Send one frame to ``peer_key``'s handler ``name`` and return its answer frame."""
+        try:
+            return await asyncio.wait_for(self._call(peer_key, name, header, payload), timeout_s)
+        except TimeoutError:
+            raise TransportError(f"call {name} to {peer_key[-6:]} timed out after {timeout_s:.1f}s") from None
+
+    async def _call(self, peer_key: str, name: str, header: Header, payload: bytes) -> tuple[Header, bytes]:
+        try:
+            _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_key), name)
+        except Exception as e:  # p2pd reports unreachable peers with several exception types
+            raise TransportError(f"cannot reach {peer_key[-6:]} for {name}: {e}") from None
+        try:
+            frame = _encode_frame(header, payload)
+            writer.write(frame)
+            await writer.drain()
+            self.bytes_sent += len(frame)
+            out_header, out_payload, n = await _read_frame(reader, self.max_message_bytes)
+            self.bytes_received += n
+        except (asyncio.IncompleteReadError, ConnectionError, json.JSONDecodeError) as e:
+            raise TransportError(f"call {name} to {peer_key[-6:]} broke off: {e!r}") from None
+        finally:
+            writer.close()
+        if "error" in out_header:
+            raise RemoteError(f"{peer_key[-6:]} refused {name}: {out_header['error']}")
+        return out_header, out_payload
+
+    # ---- DHT --------------------------------------------------------------------------------------
+    async def dht_store(self, key: str, subkey: str, value: Any, expiration_time: float) -> bool:
+        return bool(
+            await self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
+        )
+
+    async def dht_get_dict(self, key: str) -> dict[str, Any]:
+        """``{subkey: value}`` of a dictionary key (empty if absent or expired)."""
+        found = await self.dht.get(key, latest=True, return_future=True)
+        if found is None or not isinstance(found.value, dict):
+            return {}
+        return {str(sub): item.value for sub, item in found.value.items()}
+
+    def visible_maddrs(self) -> list[str]:
+        return [str(a) for a in self.dht.get_visible_maddrs()]
+
+    # ---- shutdown ---------------------------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Stop the P2P replica, the loop and the DHT process (and with it ``p2pd``)."""
+        if getattr(self, "_closed", False):
+            return
+        self._closed = True
+        if hasattr(self, "p2p"):
+            try:
+                self.run(self.p2p.shutdown(), timeout_s=10.0)
+            except Exception as e:  # shutting down: report, carry on
+                logger.debug("p2p replica shutdown: %s", e)
+        self._loop.call_soon_threadsafe(self._loop.stop)
+        self._thread.join(timeout=10.0)
+        self.dht.shutdown()
+
+
+async def _as_coroutine(aw: Awaitable[T]) -> T:
+    return await aw

@@ -1,0 +1,221 @@
+"""Volunteer: one peer's training loop - join, synchronize, step, publish, leave cleanly.
+
+Knows the swarm pieces and the method; knows nothing of command lines. Progress goes to an optional
+JSON-lines log (one object per step or event) that tests and tools read; the signed DHT records that
+the monitor reads arrive with the monitor.
+
+Liveness: every ``heartbeat_interval_s`` a peer stores ``{step, device, status}`` under
+``{run_id}_alive`` (subkey: its peer key) with a ``heartbeat_ttl_s`` expiration. A peer that starts
+late, or that finds itself behind after a failed round, downloads the state from a peer that is ahead
+(``collab.state``), checks its hash, and continues from there with fresh device buffers.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from hivemind.utils import get_dht_time
+
+from collab.config import RunConfig
+from collab.methods.base import Method, MethodState, RoundFailed
+from collab.methods.build import build_method
+from collab.swarm.aggregator import SwarmAggregator
+from collab.swarm.transport import Header, SwarmNode, TransportError
+from collab.tasks.build import build_task
+
+logger = logging.getLogger(__name__)
+
+STATE = "collab.state"
+
+
+class Volunteer:
+    """``Volunteer(cfg, node, device_index=m).run(max_steps=N)`` trains device ``m``'s shard in the swarm."""
+
+    def __init__(
+        self,
+        cfg: RunConfig,
+        node: SwarmNode,
+        *,
+        device_index: int,
+        log_path: str | Path | None = None,
+        name: str | None = None,
+    ) -> None:
+        if not 0 <= device_index < cfg.num_devices:
+            raise ValueError(f"device index {device_index} outside [0, {cfg.num_devices})")
+        self.cfg, self.node, self.device_index = cfg, node, device_index
+        self.name = name or f"peer-{node.peer_key[-6:]}"
+        self.task = build_task(cfg)
+        self.aggregator = SwarmAggregator(
+            node=node, run_id=cfg.run_id, cfg=cfg.swarm, device_index=device_index, shared_seed=cfg.seed
+        )
+        self.method: Method = build_method(
+            cfg, self.task, self.aggregator, [device_index], device_keys=[node.peer_key]
+        )
+        self.stop_event = threading.Event()
+        self.status = "starting"
+        self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 (closed in close())
+        self._alive_key = f"{cfg.run_id}_alive"
+        self._failures_in_row = 0
+        node.serve(STATE, self._handle_state)
+        self._beat_stop = threading.Event()
+        self._beat = threading.Thread(target=self._heartbeat_loop, name="collab-heartbeat", daemon=True)
+        self._beat.start()
+
+    # ---- reporting ---------------------------------------------------------------------------------
+    @property
+    def step(self) -> int:
+        return self.method.state.step if self.method.state is not None else -1
+
+    def _emit(self, **record: Any) -> None:
+        record = {"time": round(time.time(), 3), "peer": self.node.peer_key, **record}
+        if self._log is not None:
+            self._log.write(json.dumps(record) + "\n")
+
+    def _heartbeat_loop(self) -> None:
+        cfg = self.cfg.swarm
+        while not self._beat_stop.is_set():
+            try:
+                self.publish_alive()
+                alive = self.node.run(
+                    self.node.dht_get_dict(self._alive_key), timeout_s=cfg.heartbeat_interval_s * 3
+                )
+                self.aggregator.matchmaker.alive_peers = {
+                    p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != "left"
+                }
+            except Exception as e:  # the DHT being slow is not fatal: try again next beat
+                logger.debug("%s: heartbeat failed: %s", self.name, e)
+            self._beat_stop.wait(cfg.heartbeat_interval_s)
+
+    def publish_alive(self, status: str | None = None) -> None:
+        value = {
+            "step": self.step,
+            "device": self.device_index,
+            "status": status or self.status,
+            "name": self.name,
+        }
+        expiration = get_dht_time() + self.cfg.swarm.heartbeat_ttl_s
+        self.node.run(
+            self.node.dht_store(self._alive_key, self.node.peer_key, value, expiration), timeout_s=10.0
+        )
+
+    # ---- state sync --------------------------------------------------------------------------------
+    async def _handle_state(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+        state = self.method.state
+        if state is None:
+            raise RuntimeError("no state yet")
+        return {"step": state.step, "hash": state.hash(), "method": self.method.name}, state.to_bytes()
+
+    def _peers_ahead(self) -> list[tuple[int, str]]:
+        me = self.node.peer_key
+        ahead = []
+        for peer, rec in self.aggregator.matchmaker.alive_peers.items():
+            step = rec.get("step") if isinstance(rec, dict) else None
+            if peer != me and isinstance(step, int) and step > self.step:
+                ahead.append((step, peer))
+        return sorted(ahead, reverse=True)
+
+    def sync(self) -> bool:
+        """Download the state of the most advanced peer ahead of us; ``True`` if one was adopted."""
+        for _step, peer in self._peers_ahead():
+            if self.aggregator.matchmaker.is_suspect(peer):
+                continue
+            try:
+                header, payload = self.node.run(
+                    self.node.call(peer, STATE, {}, timeout_s=self.cfg.swarm.state_sync_timeout_s),
+                    timeout_s=self.cfg.swarm.state_sync_timeout_s + 5.0,
+                )
+                state = MethodState.from_bytes(payload)
+            except (TransportError, ValueError, TimeoutError) as e:
+                logger.warning("%s: state download from %s failed: %s", self.name, peer[-6:], e)
+                self.aggregator.matchmaker.suspect(peer)
+                continue
+            if header.get("hash") != state.hash() or header.get("method") != self.method.name:
+                logger.warning(
+                    "%s: state from %s does not match its hash or method; ignored", self.name, peer[-6:]
+                )
+                continue
+            self.method.adopt_state(state)
+            logger.info("%s: synchronized to step %d from %s", self.name, state.step, peer[-6:])
+            self._emit(event="sync", step=state.step, source=peer, hash=state.hash())
+            return True
+        return False
+
+    # ---- the loop ----------------------------------------------------------------------------------
+    def run(self, *, max_steps: int | None = None, max_failures_in_row: int = 50) -> int:
+        """Train until ``max_steps`` (default: the config's), ``stop_event`` or too many failed rounds.
+
+        Returns the last committed step.
+        """
+        target = max_steps if max_steps is not None else self.cfg.max_steps
+        self.status = "syncing"
+        self._wait_for_view()
+        if not self.sync():
+            self.status = "training"
+        self.status = "training"
+        while self.step < target and not self.stop_event.is_set():
+            try:
+                if self.method.state is None:
+                    self.method.initialize()
+                    self._emit(
+                        event="initialized",
+                        step=0,
+                        hash=self.method.state.hash() if self.method.state else None,
+                    )
+                    continue
+                report = self.method.step()
+            except RoundFailed as e:
+                self._failures_in_row += 1
+                logger.info("%s step %d: round failed (%s)", self.name, self.step, e)
+                self._emit(event="round_failed", step=self.step, reason=str(e))
+                if self._failures_in_row >= max_failures_in_row:
+                    logger.warning(
+                        "%s: %d rounds failed in a row; stopping", self.name, self._failures_in_row
+                    )
+                    break
+                if not self.sync():
+                    time.sleep(0.05)
+                continue
+            self._failures_in_row = 0
+            assert self.method.state is not None
+            stats = self.aggregator.stats
+            self._emit(
+                step=report.step,
+                hash=self.method.state.hash(),
+                metric=self.task.metric(self.method.state.z),
+                group=self.aggregator.last_group_size,
+                members=self.aggregator.last_group.peers if self.aggregator.last_group else [],
+                refreshed=report.refreshed,
+                bits_up=stats.bits_up,
+                bits_down=stats.bits_down,
+                wire_sent=stats.wire_bytes_sent,
+                wire_received=stats.wire_bytes_received,
+            )
+        self.status = "done"
+        return self.step
+
+    def _wait_for_view(self) -> None:
+        """Give the heartbeat a moment to learn who is alive before deciding to sync or initialize."""
+        # One full heartbeat period: peers that start together see each other before the first round.
+        time.sleep(self.cfg.swarm.heartbeat_interval_s)
+        deadline = time.monotonic() + 2 * self.cfg.swarm.heartbeat_interval_s
+        while time.monotonic() < deadline and len(self.aggregator.matchmaker.alive_peers) <= 1:
+            time.sleep(0.05)
+
+    def close(self, linger_s: float = 0.0) -> None:
+        """Leave: keep serving ``linger_s`` (late peers may still sync), mark us gone, stop heartbeats."""
+        if linger_s > 0:
+            time.sleep(linger_s)
+        self._beat_stop.set()
+        self._beat.join(timeout=5.0)
+        try:
+            self.publish_alive(status="left")
+        except Exception as e:  # leaving anyway
+            logger.debug("%s: could not publish departure: %s", self.name, e)
+        if self._log is not None:
+            self._log.close()
+            self._log = None
