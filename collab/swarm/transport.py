@@ -177,9 +177,7 @@ class SwarmNode:
 
     # ---- DHT --------------------------------------------------------------------------------------
     async def dht_store(self, key: str, subkey: str, value: Any, expiration_time: float) -> bool:
-        return bool(
-            await self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True)
-        )
+        return bool(await self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True))
 
     async def dht_get_dict(self, key: str) -> dict[str, Any]:
         """``{subkey: value}`` of a dictionary key (empty if absent or expired)."""
