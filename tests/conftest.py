@@ -15,14 +15,21 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
 
 
+# torch starts one shared-memory manager per process on first use of torch.multiprocessing (hivemind's
+# DHT does); it lives as long as the test process by design.
+_LONG_LIVED = {"torch_shm_manag"}
+
+
 def _children(pid: int) -> set[int]:
-    """All descendant PIDs of ``pid`` (from /proc, no extra dependency)."""
+    """All descendant PIDs of ``pid`` (from /proc, no extra dependency), except torch's shm manager."""
     kids: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             fields = (entry / "stat").read_text().rsplit(")", 1)[1].split()
+            if (entry / "comm").read_text().strip() in _LONG_LIVED:
+                continue
         except OSError:
             continue
         kids.setdefault(int(fields[1]), []).append(int(entry.name))

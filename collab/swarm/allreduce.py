@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
+import signal
 import time
 from dataclasses import dataclass, field
 
@@ -31,6 +33,11 @@ from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportErro
 logger = logging.getLogger(__name__)
 
 PART = "collab.part"
+
+# Fault injection for tests (torchft-style ``fail_at(peer, step)``): with COLLAB_FAIL_AT=ROUND (e.g.
+# "12.delta") a peer SIGKILLs its whole process group - itself, its DHT and p2pd - in the middle of that
+# round: after its parts are sent, before the results come back. Unset in normal use.
+FAIL_AT = os.environ.get("COLLAB_FAIL_AT") or None
 
 
 class PeerUnreachable(RoundFailed):
@@ -90,8 +97,13 @@ class ExactReducer:
         return slot
 
     def _add(self, slot: _Slot, sender: int, part: CompressedMessage, weight: float, j: int) -> None:
-        if not 0 <= sender < slot.n or sender in slot.parts:
-            raise ValueError(f"unexpected or repeated sender {sender}")
+        if not 0 <= sender < slot.n:
+            raise ValueError(f"unexpected sender {sender}")
+        if sender in slot.parts:  # a retried call: the same part again is fine, a different one is not
+            old, old_weight = slot.parts[sender]
+            if old.to_bytes() != part.to_bytes() or old_weight != weight:
+                raise ValueError(f"sender {sender} sent two different parts")
+            return
         check_part(part, layout=slot.layout, numel=slot.numel, n=slot.n, j=j, count=slot.count)
         if not weight > 0:
             raise ValueError("weight must be positive")
@@ -166,6 +178,10 @@ class ExactReducer:
             return reduced
 
         tasks = [asyncio.ensure_future(fetch(j)) for j in range(n)]
+        if FAIL_AT is not None and group.round_id == FAIL_AT:
+            await asyncio.sleep(0.05)  # parts are on their way; the answers are not back yet
+            logger.warning("fault injection: killing this peer in the middle of round %s", group.round_id)
+            os.killpg(os.getpgrp(), signal.SIGKILL)
         try:
             reduced = await asyncio.gather(*tasks)
         except BaseException:

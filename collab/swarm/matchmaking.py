@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import secrets
 import time
 from dataclasses import dataclass, field
 
@@ -42,10 +43,11 @@ class Group:
 
     round_id: str
     members: tuple[tuple[int, str], ...]  # (device index, peer key), sorted
+    nonce: str = ""  # chosen by the leader: a retried round with the same members is a new group
 
     @property
     def group_id(self) -> str:
-        text = self.round_id + "|" + ",".join(f"{d}:{p}" for d, p in self.members)
+        text = self.round_id + "|" + self.nonce + "|" + ",".join(f"{d}:{p}" for d, p in self.members)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     @property
@@ -112,6 +114,9 @@ class Matchmaker:
         start = time.monotonic()
         deadline = start + self.cfg.matchmaking_timeout_s
         r = self._round(round_id)
+        if r.closed:  # we are retrying this round: a new group, a new leader state
+            self._rounds.pop(round_id, None)
+            r = self._round(round_id)
         expiration = get_dht_time() + 2 * self.cfg.matchmaking_timeout_s
         await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
         await asyncio.sleep(min(0.1, self.cfg.min_matchmaking_time_s / 4))
@@ -136,7 +141,8 @@ class Matchmaker:
                 continue
             status = answer.get("status")
             if status == "ok":
-                return Group(round_id, tuple((int(d), str(p)) for d, p in answer["members"]))
+                members = tuple((int(d), str(p)) for d, p in answer["members"])
+                return Group(round_id, members, str(answer.get("nonce", "")))
             if status == "redirect":
                 await asyncio.sleep(0.02)
                 continue
@@ -187,7 +193,7 @@ class Matchmaker:
             r.group.set_exception(err)
             r.group.exception()  # mark retrieved: joiners' handlers read it too
             raise err
-        group = Group(round_id, tuple(members))
+        group = Group(round_id, tuple(members), secrets.token_hex(8))
         r.group.set_result(group)
         return group
 
@@ -201,7 +207,7 @@ class Matchmaker:
         round_id = str(header["round"])
         device_index = int(header["device_index"])
         r = self._round(round_id)
-        if r.closed:
+        if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
             return {"status": "closed"}, b""
         if r.role == "follower" and r.leader is not None:
             return {"status": "redirect", "leader": r.leader}, b""
@@ -223,4 +229,4 @@ class Matchmaker:
         group = r.group.result()
         if remote not in group.peers:
             return {"status": "closed"}, b""
-        return {"status": "ok", "members": [[d, p] for d, p in group.members]}, b""
+        return {"status": "ok", "members": [[d, p] for d, p in group.members], "nonce": group.nonce}, b""

@@ -17,6 +17,7 @@ import asyncio
 import json
 import logging
 import threading
+import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from typing import Any, TypeVar
 
@@ -38,6 +39,10 @@ class TransportError(RuntimeError):
 
 class RemoteError(TransportError):
     """The peer answered with an error."""
+
+
+class _BrokenOff(TransportError):
+    """The stream closed before a single byte of the answer: safe to retry an idempotent call."""
 
 
 async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, bytes, int]:
@@ -147,13 +152,38 @@ class SwarmNode:
         self.run(self.p2p.add_binary_stream_handler(name, on_stream), timeout_s=30.0)
 
     async def call(
-        self, peer_key: str, name: str, header: Header, payload: bytes = b"", *, timeout_s: float
+        self,
+        peer_key: str,
+        name: str,
+        header: Header,
+        payload: bytes = b"",
+        *,
+        timeout_s: float,
+        retries: int = 3,
     ) -> tuple[Header, bytes]:
-        """Send one frame to ``peer_key``'s handler ``name`` and return its answer frame."""
-        try:
-            return await asyncio.wait_for(self._call(peer_key, name, header, payload), timeout_s)
-        except TimeoutError:
-            raise TransportError(f"call {name} to {peer_key[-6:]} timed out after {timeout_s:.1f}s") from None
+        """Send one frame to ``peer_key``'s handler ``name`` and return its answer frame.
+
+        A stream that breaks off before any answer byte arrives is retried (``retries`` times): libp2p
+        sometimes resets streams when it replaces a duplicate connection between two peers. Every handler
+        collab serves is idempotent, so a repeated request is harmless.
+        """
+        deadline = time.monotonic() + timeout_s
+        for attempt in range(retries + 1):
+            remaining = deadline - time.monotonic()
+            try:
+                return await asyncio.wait_for(
+                    self._call(peer_key, name, header, payload), max(0.01, remaining)
+                )
+            except TimeoutError:
+                raise TransportError(
+                    f"call {name} to {peer_key[-6:]} timed out after {timeout_s:.1f}s"
+                ) from None
+            except _BrokenOff as e:
+                if attempt == retries or time.monotonic() >= deadline:
+                    raise TransportError(str(e)) from None
+                logger.debug("%s: %s; retrying", self.peer_key[-6:], e)
+                await asyncio.sleep(0.01 * (attempt + 1))
+        raise AssertionError("unreachable")
 
     async def _call(self, peer_key: str, name: str, header: Header, payload: bytes) -> tuple[Header, bytes]:
         try:
@@ -167,8 +197,14 @@ class SwarmNode:
             self.bytes_sent += len(frame)
             out_header, out_payload, n = await _read_frame(reader, self.max_message_bytes)
             self.bytes_received += n
-        except (asyncio.IncompleteReadError, ConnectionError, json.JSONDecodeError) as e:
+        except asyncio.IncompleteReadError as e:
+            if not e.partial:
+                raise _BrokenOff(f"call {name} to {peer_key[-6:]} broke off before any answer") from None
             raise TransportError(f"call {name} to {peer_key[-6:]} broke off: {e!r}") from None
+        except ConnectionError as e:
+            raise _BrokenOff(f"call {name} to {peer_key[-6:]} broke off: {e!r}") from None
+        except json.JSONDecodeError as e:
+            raise TransportError(f"call {name} to {peer_key[-6:]} sent a malformed answer: {e}") from None
         finally:
             writer.close()
         if "error" in out_header:

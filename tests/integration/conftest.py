@@ -1,0 +1,3 @@
+from tests.integration.swarm_harness import swarm
+
+__all__ = ["swarm"]
