@@ -125,6 +125,8 @@ class ExactReducer:
 
     async def _handle_part(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
         group_id, j, sender = str(header["group_id"]), int(header["part"]), int(header["sender"])
+        if FAIL_AT is not None and header.get("round") == FAIL_AT:
+            await asyncio.sleep(3600)  # fault injection: this peer is about to die; never answer
         slot = self._slot(group_id, j, header)
         if slot.shared_key is not None and header.get("shared_key") != list(slot.shared_key):
             raise ValueError("members used different shared coordinates")
@@ -155,6 +157,7 @@ class ExactReducer:
             "shared_key": [message.seed, message.step] if layout == "shared" else None,
             "sender": me,
             "weight": weight,
+            "round": group.round_id,
         }
         own = self._slot(group.group_id, me, header)
         self._add(own, me, parts[me], weight, me)

@@ -6,6 +6,7 @@ its DHT process and its p2pd, like a machine going down) and so that teardown ca
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -150,10 +151,8 @@ def swarm(tmp_path: Path) -> Iterator[Swarm]:
     finally:
         for peer in sw.peers:
             if peer.proc.poll() is None or group_alive(peer.proc.pid):
-                try:
+                with contextlib.suppress(ProcessLookupError):
                     os.killpg(peer.proc.pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
                 peer.proc.wait(timeout=30)
         boot.shutdown()
         deadline = time.monotonic() + 10
@@ -164,9 +163,7 @@ def swarm(tmp_path: Path) -> Iterator[Swarm]:
         leftover_p2pd = p2pd_pids() - before
         leftover_groups = [p.proc.pid for p in sw.peers if group_alive(p.proc.pid)]
         for pid in leftover_p2pd:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
         assert not leftover_p2pd, f"p2pd processes left behind: {sorted(leftover_p2pd)}"
         assert not leftover_groups, f"peer process groups left behind: {leftover_groups}"

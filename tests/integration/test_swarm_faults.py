@@ -1,0 +1,84 @@
+"""Faults on real peers: a peer SIGKILLed in the middle of a round, and a new peer joining mid-run.
+
+4 peers start; the one with device 3 kills its whole process group (peer, DHT, p2pd) in the middle of
+round 6.delta (after its parts are on the wire, before the answers). The 3 survivors must redo step 6
+without it and keep identical states. At step ~10 a fifth peer starts on device 3's shard: it downloads
+the state from a peer ahead, checks the hash, and from its first round on its state hash equals the
+others'. The run reaches max_steps and converges.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.integration.swarm_harness import Swarm
+
+STEPS = 60
+KILL_ROUND = "6.delta"
+
+CONFIG = {
+    "run_id": "faults",
+    "seed": 5,
+    "num_devices": 4,
+    "max_steps": STEPS,
+    "task": {"name": "bilinear", "dim": 50, "reg_lambda": 0.5},
+    "method": {
+        "name": "masha1",
+        "gamma": 0.2,
+        "tau": 0.7,
+        "device_compressor": {"name": "randk", "ratio": 0.25},
+    },
+    "swarm": {
+        "min_group_size": 2,
+        "min_matchmaking_time_s": 0.5,
+        "matchmaking_timeout_s": 6.0,
+        "allreduce_timeout_s": 3.0,
+        "heartbeat_interval_s": 0.5,
+        "heartbeat_ttl_s": 2.0,
+    },
+}
+
+
+@pytest.mark.timeout(300)
+def test_kill_mid_round_and_late_joiner(swarm: Swarm) -> None:
+    path = swarm.write_config(CONFIG)
+    peers = [swarm.start(path, i, env={"COLLAB_FAIL_AT": KILL_ROUND} if i == 3 else None) for i in range(4)]
+    victim, survivors = peers[3], peers[:3]
+
+    swarm.wait_until(lambda: victim.proc.poll() is not None, 120, "the victim to die in round " + KILL_ROUND)
+    assert victim.proc.returncode == -9, "the victim must have been SIGKILLed by the fault hook"
+    assert victim.last_step() == 6, "the victim died during step 6 (after committing step 6's predecessor)"
+
+    swarm.wait_until(lambda: min(p.last_step() for p in survivors) >= 10, 120, "survivors to reach step 10")
+    newcomer = swarm.start(path, 3)
+    summaries = [swarm.finish(p, timeout_s=200) for p in [*survivors, newcomer]]
+
+    # Survivors: every step exactly once, in order, identical hashes at every step.
+    for p in survivors:
+        steps = [r["step"] for r in p.records() if "event" not in r]
+        assert steps == list(range(1, STEPS + 1)), f"peer {p.index}: steps skipped or repeated"
+        assert not any(r.get("event") == "sync" for r in p.records()), "survivors never needed a resync"
+    for step in range(1, STEPS + 1):
+        assert len({p.steps()[step] for p in survivors}) == 1, f"survivors differ at step {step}"
+
+    # Step 7 was committed without the victim: the round it broke was redone by 3 peers.
+    failed = [
+        r for p in survivors for r in p.records() if r.get("event") == "round_failed" and r["step"] == 6
+    ]
+    assert failed, "the killed peer's round must have failed for the survivors"
+    assert {r["group"] for r in survivors[0].records() if r.get("step") == 7 and "event" not in r} == {3}
+
+    # The newcomer synced (hash-checked) and matches the others from its first round on.
+    syncs = [r for r in newcomer.records() if r.get("event") == "sync"]
+    assert syncs, "the newcomer must download the state"
+    new_steps = newcomer.steps()
+    assert new_steps, "the newcomer must take part in rounds"
+    first = min(new_steps)
+    assert first >= 10
+    for step, h in new_steps.items():
+        assert h == survivors[0].steps()[step], f"newcomer differs at step {step}"
+    assert all(r["group"] == 4 for r in newcomer.records() if "event" not in r)
+
+    assert len({s["hash"] for s in summaries}) == 1
+    final = survivors[0].records()[-1]["metric"]
+    assert final < 1e-2, f"the run must converge (final relative distance {final})"
