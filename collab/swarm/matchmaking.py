@@ -119,7 +119,9 @@ class Matchmaker:
             r = self._round(round_id)
         expiration = get_dht_time() + 2 * self.cfg.matchmaking_timeout_s
         await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
-        await asyncio.sleep(min(0.1, self.cfg.min_matchmaking_time_s / 4))
+        await asyncio.sleep(
+            min(0.02, self.cfg.min_matchmaking_time_s / 4)
+        )  # let peers of this round announce
         while time.monotonic() < deadline:
             announced = await self._announced(round_id)
             leader = min([me, *announced])

@@ -13,7 +13,7 @@ import pytest
 
 from tests.integration.swarm_harness import Swarm
 
-STEPS = 60
+STEPS = 200
 KILL_ROUND = "6.delta"
 
 CONFIG = {
