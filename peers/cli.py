@@ -12,12 +12,14 @@ import sys
 from collections.abc import Sequence
 
 from collab import __version__
-from peers import join, simulate, validate
+from peers import coordinator, demo, join, simulate, validate
 
 SUBCOMMANDS = {
     "validate": validate,
     "simulate": simulate,
+    "coordinator": coordinator,
     "join": join,
+    "demo": demo,
 }
 
 

@@ -1,8 +1,9 @@
-"""Join a training run as a volunteer: sync state from the swarm and train your shard.
+"""Join a training run as a volunteer: fetch the run config, sync the state, and train your shard.
 
-Until the coordinator exists, the run config comes from a file (--config) and the swarm from
---initial-peers (the multiaddress of any peer of the run's DHT). Ctrl-C leaves cleanly: the current
-round is finished or abandoned as a whole, never half applied.
+With --coordinator the config and the DHT addresses come from the organizer's config server; with
+--config a local file and --initial-peers (any peer of the run's DHT) do the same job. Picks CUDA when
+present (--device auto). Ctrl-C leaves cleanly: the current round is finished or abandoned as a whole,
+never half applied, and a local checkpoint is written atomically.
 """
 
 from __future__ import annotations
@@ -12,58 +13,142 @@ import json
 import logging
 import signal
 import sys
+import urllib.error
+import urllib.request
 import zlib
+from pathlib import Path
 from typing import Any
 
+from collab.config import ConfigError, RunConfig, parse_config, with_overrides
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit
 
 logger = logging.getLogger(__name__)
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--config", required=True, help="YAML run config (the same file on every peer)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--coordinator", metavar="URL", help="the run's config server, e.g. http://HOST:8000")
+    src.add_argument("--config", help="a local YAML run config (the same file on every peer)")
     p.add_argument(
         "--initial-peers", nargs="+", default=[], metavar="MADDR", help="multiaddrs of peers to join"
     )
-    p.add_argument(
-        "--device-index", type=int, help="which data shard this peer trains (default: from its key)"
-    )
-    p.add_argument("--max-steps", type=int, help="stop after this step (default: the config's max_steps)")
-    p.add_argument("--name", help="display name")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="compute device")
+    p.add_argument("--device-index", type=int, help="which data shard to train (default: from the peer key)")
+    p.add_argument("--batch-size", type=int, help="local batch size (tasks with minibatches)")
+    p.add_argument("--max-steps", type=int, help="stop after this step (default: the run's max_steps)")
+    p.add_argument("--name", help="display name shown to others")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port to listen on (default: any free port)")
     p.add_argument("--client-mode", action="store_true", help="behind NAT: connect out only, accept no calls")
+    p.add_argument("--checkpoint", help="where to write the local checkpoint on exit (default: none)")
     p.add_argument("--log-file", help="append one JSON object per step/event to this file")
     p.add_argument("--linger", type=float, default=2.0, help="seconds to keep serving after the last step")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+class JoinError(RuntimeError):
+    """A problem to report in one line."""
+
+
+def fetch_run(url: str, timeout_s: float = 15.0) -> tuple[RunConfig, list[str]]:
+    """The run config and DHT addresses from a coordinator; raises :class:`JoinError`."""
+    endpoint = url.rstrip("/") + "/v1/run"
+    try:
+        with urllib.request.urlopen(endpoint, timeout=timeout_s) as resp:
+            data = json.loads(resp.read(1_000_000))
+    except (urllib.error.URLError, TimeoutError, OSError) as e:
+        raise JoinError(f"cannot reach the coordinator at {url}: {getattr(e, 'reason', e)}") from None
+    except json.JSONDecodeError:
+        raise JoinError(f"{endpoint} did not answer with JSON: is this a collab coordinator?") from None
+    if not isinstance(data, dict) or "config" not in data:
+        raise JoinError(f"{endpoint} did not answer with a run description")
+    try:
+        cfg = parse_config(data["config"])
+    except ConfigError as e:
+        raise JoinError(f"the coordinator's config is invalid: {e.problems[0]}") from None
+    if data.get("version") != cfg.version():
+        raise JoinError(
+            f"config version mismatch: the coordinator announces {data.get('version')}, the config it "
+            f"sent is {cfg.version()} (different collab versions?)"
+        )
+    peers = data.get("initial_peers") or []
+    return cfg, [str(p) for p in peers]
+
+
+def pick_device(choice: str) -> str:
+    import torch
+
+    if choice == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda" and not torch.cuda.is_available():
+        raise JoinError("--device cuda: no CUDA device is available here")
+    return choice
 
 
 def run(args: argparse.Namespace) -> int:
-    cfg = load_config_or_exit(args.config)
-    if cfg is None:
+    try:
+        if args.coordinator:
+            cfg, initial_peers = fetch_run(args.coordinator)
+        else:
+            loaded = load_config_or_exit(args.config)
+            if loaded is None:
+                return EXIT_BAD_INPUT
+            cfg, initial_peers = loaded, []
+        initial_peers = [*initial_peers, *args.initial_peers]
+        if args.batch_size is not None:
+            if args.batch_size < 1:
+                raise JoinError("--batch-size: must be at least 1")
+            if hasattr(cfg.task, "batch_size"):
+                cfg = with_overrides(cfg, task={"batch_size": args.batch_size})
+        device = pick_device(args.device)
+    except JoinError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    except ConfigError as e:
+        print(f"--batch-size: {e.problems[0]}", file=sys.stderr)
         return EXIT_BAD_INPUT
-    from collab.swarm import SwarmNode, Volunteer
+    return _train(args, cfg, initial_peers, device)
 
+
+def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], device: str) -> int:
+    from collab.swarm import SwarmNode, Volunteer
+    from collab.swarm.records import make_validators
+    from collab.swarm.volunteer import ConfigMismatch
+
+    validators, signer = make_validators(cfg.run_id)
     try:
         node = SwarmNode(
-            initial_peers=args.initial_peers,
+            initial_peers=initial_peers,
             host=args.host,
             port=args.port,
             client_mode=args.client_mode,
             max_message_bytes=cfg.swarm.max_message_bytes,
+            record_validators=validators,
         )
     except Exception as e:  # hivemind reports unreachable peers and bad addresses in several ways
         print(f"cannot join the swarm: {e}", file=sys.stderr)
         return 1
     volunteer = None
+    bar = None
     try:
-        device = args.device_index
-        if device is None:
-            device = zlib.crc32(node.peer_key.encode()) % cfg.num_devices
-        if not 0 <= device < cfg.num_devices:
+        index = args.device_index
+        if index is None:
+            index = zlib.crc32(node.peer_key.encode()) % cfg.num_devices
+        if not 0 <= index < cfg.num_devices:
             print(f"--device-index: must be in [0, {cfg.num_devices})", file=sys.stderr)
             return EXIT_BAD_INPUT
-        volunteer = Volunteer(cfg, node, device_index=device, log_path=args.log_file, name=args.name)
+        volunteer = Volunteer(
+            cfg,
+            node,
+            device_index=index,
+            log_path=args.log_file,
+            name=args.name,
+            signer=signer,
+            checkpoint_path=Path(args.checkpoint) if args.checkpoint else None,
+            device=device,
+            client_mode=args.client_mode,
+        )
         stop = volunteer.stop_event
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -72,14 +157,22 @@ def run(args: argparse.Namespace) -> int:
 
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
-        print(
-            f"peer {node.peer_key} device {device} listening on {' '.join(node.visible_maddrs())}",
-            file=sys.stderr,
-        )
-        last = volunteer.run(max_steps=args.max_steps)
+        target = args.max_steps if args.max_steps is not None else cfg.max_steps
+        print(f"{volunteer.name}: peer {node.peer_key}, shard {index}, run {cfg.run_id}", file=sys.stderr)
+        if not args.no_progress and sys.stderr.isatty():
+            from tqdm import tqdm
+
+            bar = tqdm(total=target, desc=volunteer.name, unit="step", file=sys.stderr)
+            volunteer.on_step = lambda rec: _update_bar(bar, rec)
+        try:
+            last = volunteer.run(max_steps=target)
+        except ConfigMismatch as e:
+            print(str(e), file=sys.stderr)
+            return EXIT_BAD_INPUT
         summary = {
             "peer": node.peer_key,
-            "device": device,
+            "name": volunteer.name,
+            "device_index": index,
             "step": last,
             "hash": volunteer.method.state.hash() if volunteer.method.state else None,
             "metric": volunteer.task.metric(volunteer.method.z) if volunteer.method.state else None,
@@ -89,13 +182,26 @@ def run(args: argparse.Namespace) -> int:
             "wire_bytes_received": volunteer.aggregator.stats.wire_bytes_received,
         }
         if args.json:
-            print(json.dumps(summary))
-        target = args.max_steps if args.max_steps is not None else cfg.max_steps
+            print(json.dumps(summary), flush=True)
         return 0 if last >= target or stop.is_set() else 1
     finally:
+        if bar is not None:
+            bar.close()
         if volunteer is not None:
             volunteer.close(linger_s=args.linger)
         node.shutdown()
+
+
+def _update_bar(bar: Any, rec: dict[str, Any]) -> None:
+    bar.n = rec["step"]
+    bar.set_postfix(
+        metric=f"{rec['metric']:.2e}",
+        peers=rec["group"],
+        kbit=f"{rec['bits_up'] / 1e3:.0f}",
+        MB=f"{(rec['wire_sent'] + rec['wire_received']) / 1e6:.2f}",
+        refresh=False,
+    )
+    bar.refresh()
 
 
 if __name__ == "__main__":

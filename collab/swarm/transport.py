@@ -85,6 +85,7 @@ class SwarmNode:
         identity_path: str | None = None,
         max_message_bytes: int = 512 * 1024**2,
         start_timeout_s: float = 60.0,
+        record_validators: Sequence[Any] = (),
     ) -> None:
         self.max_message_bytes = max_message_bytes
         self.bytes_sent = 0
@@ -96,6 +97,7 @@ class SwarmNode:
             initial_peers=list(initial_peers),
             host_maddrs=[f"/ip4/{host}/tcp/{port}"],
             client_mode=client_mode,
+            record_validators=list(record_validators),
             start=True,
             await_ready=True,
             **kwargs,
@@ -212,7 +214,7 @@ class SwarmNode:
         return out_header, out_payload
 
     # ---- DHT --------------------------------------------------------------------------------------
-    async def dht_store(self, key: str, subkey: str, value: Any, expiration_time: float) -> bool:
+    async def dht_store(self, key: str, subkey: str | bytes, value: Any, expiration_time: float) -> bool:
         return bool(await self.dht.store(key, value, expiration_time, subkey=subkey, return_future=True))
 
     async def dht_get_dict(self, key: str) -> dict[str, Any]:

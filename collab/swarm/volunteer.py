@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +35,10 @@ logger = logging.getLogger(__name__)
 STATE = "collab.state"
 
 
+class ConfigMismatch(RuntimeError):
+    """This peer's run config is not the one the swarm runs."""
+
+
 class Volunteer:
     """``Volunteer(cfg, node, device_index=m).run(max_steps=N)`` trains device ``m``'s shard in the swarm."""
 
@@ -44,6 +50,10 @@ class Volunteer:
         device_index: int,
         log_path: str | Path | None = None,
         name: str | None = None,
+        signer: Any = None,
+        checkpoint_path: str | Path | None = None,
+        device: str = "cpu",
+        client_mode: bool = False,
     ) -> None:
         if not 0 <= device_index < cfg.num_devices:
             raise ValueError(f"device index {device_index} outside [0, {cfg.num_devices})")
@@ -58,6 +68,12 @@ class Volunteer:
         )
         self.stop_event = threading.Event()
         self.status = "starting"
+        self.signer, self.device, self.client_mode = signer, device, client_mode
+        self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.config_version = cfg.version()
+        self.samples = 0
+        self._last_step_time = time.monotonic()
+        self.on_step: Callable[[dict[str, Any]], None] | None = None
         self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 (closed in close())
         self._alive_key = f"{cfg.run_id}_alive"
         self._failures_in_row = 0
@@ -75,6 +91,8 @@ class Volunteer:
         record = {"time": round(time.time(), 3), "peer": self.node.peer_key, **record}
         if self._log is not None:
             self._log.write(json.dumps(record) + "\n")
+        if self.on_step is not None and "event" not in record:
+            self.on_step(record)
 
     def _heartbeat_loop(self) -> None:
         cfg = self.cfg.swarm
@@ -154,6 +172,7 @@ class Volunteer:
         target = max_steps if max_steps is not None else self.cfg.max_steps
         self.status = "syncing"
         self._wait_for_view()
+        self.check_config_version()
         if not self.sync():
             self.status = "training"
         self.status = "training"
@@ -183,6 +202,7 @@ class Volunteer:
             self._failures_in_row = 0
             assert self.method.state is not None
             stats = self.aggregator.stats
+            self._publish_progress(report.step)
             self._emit(
                 step=report.step,
                 hash=self.method.state.hash(),
@@ -198,6 +218,64 @@ class Volunteer:
         self.status = "done"
         return self.step
 
+    def check_config_version(self) -> None:
+        """Refuse to train with a config that differs from the one the swarm's peers run."""
+        for peer, rec in self.aggregator.matchmaker.alive_peers.items():
+            other = rec.get("version") if isinstance(rec, dict) else None
+            if peer != self.node.peer_key and isinstance(other, str) and other != self.config_version:
+                raise ConfigMismatch(
+                    f"this peer's config (version {self.config_version}) differs from the swarm's "
+                    f"(version {other}, peer {peer[-6:]}): fetch the run's config again"
+                )
+
+    def _publish_progress(self, step: int) -> None:
+        """Store our signed progress record (fire and forget: a slow DHT never stalls training)."""
+        now = time.monotonic()
+        elapsed, self._last_step_time = now - self._last_step_time, now
+        batch = int(sum(w.operator.weight for w in self.method.workers))
+        self.samples += batch
+        if self.signer is None:
+            return
+        from collab import __version__
+        from collab.swarm.records import ProgressRecord, progress_key
+
+        assert self.method.state is not None
+        stats = self.aggregator.stats
+        metric = float(self.task.metric(self.method.state.z))
+        record = ProgressRecord(
+            step=step,
+            samples=self.samples,
+            samples_per_s=float(batch / elapsed) if elapsed > 0 else 0.0,
+            metric=metric,
+            metric_name=self.task.metric_name,
+            bits_up=float(stats.bits_up),
+            bits_down=float(stats.bits_down),
+            wire_sent=int(stats.wire_bytes_sent),
+            wire_received=int(stats.wire_bytes_received),
+            group_size=int(self.aggregator.last_group_size),
+            device=self.device,
+            client_mode=self.client_mode,
+            software_version=__version__,
+            config_version=self.config_version,
+            name=self.name,
+            time=float(get_dht_time()),
+        )
+        expiration = get_dht_time() + max(30.0, 10 * self.cfg.swarm.heartbeat_ttl_s)
+        self.node.spawn(
+            self.node.dht_store(
+                progress_key(self.cfg.run_id), self.signer.local_public_key, record.dict(), expiration
+            )
+        )
+
+    def save_checkpoint(self) -> None:
+        """Write the committed state atomically (temp file + rename): a crash never leaves half a file."""
+        if self.checkpoint_path is None or self.method.state is None:
+            return
+        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.checkpoint_path.with_suffix(self.checkpoint_path.suffix + ".tmp")
+        tmp.write_bytes(self.method.state.to_bytes())
+        os.replace(tmp, self.checkpoint_path)
+
     def _wait_for_view(self) -> None:
         """Give the heartbeat a moment to learn who is alive before deciding to sync or initialize."""
         # One full heartbeat period: peers that start together see each other before the first round.
@@ -208,6 +286,7 @@ class Volunteer:
 
     def close(self, linger_s: float = 0.0) -> None:
         """Leave: keep serving ``linger_s`` (late peers may still sync), mark us gone, stop heartbeats."""
+        self.save_checkpoint()
         if linger_s > 0:
             time.sleep(linger_s)
         self._beat_stop.set()

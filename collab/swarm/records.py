@@ -1,0 +1,60 @@
+"""Signed per-peer progress records in the DHT: the wire contract between volunteers and the monitor.
+
+Key ``{run_id}_progress``; subkey: the peer's RSA public key (``RSASignatureValidator``), so a peer can only
+write its own record; value: a strict :class:`ProgressRecord` (``SchemaValidator`` with a pydantic v1 model,
+unknown fields rejected). These models are separate from the pydantic v2 config models on purpose.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from hivemind.dht.crypto import RSASignatureValidator
+from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
+from hivemind.dht.validation import RecordValidatorBase
+from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint
+
+RECORD_VERSION = 1
+
+
+class ProgressRecord(BaseModel):
+    """One peer's latest progress (version 1)."""
+
+    record_version: conint(strict=True, ge=1) = RECORD_VERSION  # type: ignore[valid-type]
+    step: conint(strict=True, ge=0)  # type: ignore[valid-type]
+    samples: conint(strict=True, ge=0)  # type: ignore[valid-type]
+    samples_per_s: StrictFloat
+    metric: StrictFloat
+    metric_name: StrictStr
+    bits_up: StrictFloat
+    bits_down: StrictFloat
+    wire_sent: StrictInt
+    wire_received: StrictInt
+    group_size: StrictInt
+    device: StrictStr
+    client_mode: StrictBool
+    software_version: StrictStr
+    config_version: StrictStr
+    name: StrictStr
+    time: StrictFloat
+
+    class Config:
+        extra = "forbid"
+
+
+class ProgressSchema(BaseModel):
+    progress: dict[BytesWithPublicKey, ProgressRecord | None]
+
+
+def progress_key(run_id: str) -> str:
+    return f"{run_id}_progress"
+
+
+def make_validators(run_id: str) -> tuple[list[RecordValidatorBase], RSASignatureValidator]:
+    """The DHT record validators of a run, and the signature validator (its public key is our subkey)."""
+    signer = RSASignatureValidator()
+    return [signer, SchemaValidator(ProgressSchema, prefix=run_id, allow_extra_keys=True)], signer
+
+
+def record_dict(record: ProgressRecord) -> dict[str, Any]:
+    return record.dict()

@@ -1,0 +1,50 @@
+"""The coordinator's config server: serves the run config (read-only) and the DHT addresses to join.
+
+Endpoints: ``GET /v1/run`` -> ``{run_id, version, config, initial_peers}``; ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+
+from collab import __version__
+from collab.config import RunConfig
+
+
+def build_app(cfg: RunConfig, initial_peers: Callable[[], list[str]]) -> FastAPI:
+    """A FastAPI app serving ``cfg`` and the current ``initial_peers()``."""
+    app = FastAPI(title="collab coordinator", version=__version__, docs_url=None, redoc_url=None)
+    payload = cfg.model_dump(mode="json")
+    version = cfg.version()
+
+    @app.get("/v1/run")
+    def run() -> dict[str, Any]:
+        return {"run_id": cfg.run_id, "version": version, "config": payload, "initial_peers": initial_peers()}
+
+    @app.get("/healthz")
+    def healthz() -> dict[str, str]:
+        return {"status": "ok", "run_id": cfg.run_id, "version": version}
+
+    return app
+
+
+def bind(host: str, port: int) -> socket.socket:
+    """A listening TCP socket (port 0: any free port), handed to uvicorn so the real port is known."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    sock.set_inheritable(True)
+    return sock
+
+
+def serve(app: FastAPI, sock: socket.socket) -> None:
+    """Serve until SIGINT/SIGTERM (uvicorn on uvloop)."""
+    import uvicorn
+
+    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", log_level="warning", access_log=False))
+    server.run(sockets=[sock])

@@ -1,0 +1,68 @@
+"""Run a training run's coordinator: the DHT bootstrap peer and the config server volunteers join through.
+
+Validates the config first (one line per problem, exit 2, nothing started). The DHT peer keeps its
+identity in --identity, so with a fixed --dht-port its address survives restarts; the config server
+serves the same config (same version) after a restart. Prints the exact join command for volunteers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--config", required=True, help="YAML run config")
+    p.add_argument(
+        "--host", default="127.0.0.1", help="address of the config server and DHT (default 127.0.0.1)"
+    )
+    p.add_argument("--port", type=int, default=8000, help="config server port (0: any free port)")
+    p.add_argument("--dht-port", type=int, default=0, help="DHT port (0: any free port)")
+    p.add_argument("--identity", help="file with the DHT peer's private key (created if missing)")
+    p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR", help="join this DHT instead")
+
+
+def run(args: argparse.Namespace) -> int:
+    cfg = load_config_or_exit(args.config)
+    if cfg is None:
+        return EXIT_BAD_INPUT
+    from collab.swarm import SwarmNode
+    from collab.swarm.records import make_validators
+    from peers.config_server import bind, build_app, serve
+
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"--port: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
+        return 1
+    validators, _ = make_validators(cfg.run_id)
+    try:
+        node = SwarmNode(
+            initial_peers=args.initial_peers,
+            host=args.host,
+            port=args.dht_port,
+            identity_path=args.identity,
+            record_validators=validators,
+        )
+    except Exception as e:  # hivemind reports bad addresses and unreachable peers in several ways
+        print(f"cannot start the DHT peer: {e}", file=sys.stderr)
+        sock.close()
+        return 1
+    try:
+        url = f"http://{args.host}:{sock.getsockname()[1]}"
+        print(f"collab coordinator: run {cfg.run_id}, config version {cfg.version()}", flush=True)
+        print(f"config server: {url}", flush=True)
+        print(f"DHT: {' '.join(node.visible_maddrs())}", flush=True)
+        print(f"volunteers join with: collab join --coordinator {url}", flush=True)
+        serve(build_app(cfg, node.visible_maddrs), sock)
+    finally:
+        node.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    from peers.cli import main
+
+    sys.exit(main(["coordinator", *sys.argv[1:]]))

@@ -1,0 +1,238 @@
+"""A whole swarm on this machine: a coordinator plus N volunteers as separate processes on 127.0.0.1.
+
+Each volunteer is a real `collab join --coordinator URL` process with its own DHT node and p2pd. The run
+uses the config with num_devices = --peers (one data shard per volunteer) and every volunteer in every
+round, so its result equals `collab simulate` of the same settings. Ends with a summary table; with
+--json, one JSON object (run_id, peers, steps, final_metric, state_hashes, bits_per_peer,
+wire_bytes_per_peer).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from collab.config import ConfigError, with_overrides
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+
+DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--peers", type=int, default=4, help="number of volunteers (default 4)")
+    p.add_argument(
+        "--config", default=str(DEFAULT_CONFIG), help="YAML run config (default configs/demo.yaml)"
+    )
+    p.add_argument("--max-steps", type=int, help="steps to run (default: the config's max_steps)")
+    p.add_argument(
+        "--workdir", help="folder for the run's config, logs and checkpoints (default: a new temp dir)"
+    )
+    p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    p.add_argument("--json", action="store_true", help="end with one JSON object")
+
+
+def _cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "peers", *args]
+
+
+def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait_s: float = 20.0) -> None:
+    """Stop a child's whole process group: ``sig`` first, SIGKILL if it lingers."""
+    if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig)
+        try:
+            proc.wait(timeout=wait_s)
+        except subprocess.TimeoutExpired:
+            pass
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(proc.pid, signal.SIGKILL)
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=5)
+
+
+def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> str:
+    """The config server URL the coordinator prints on start."""
+    assert proc.stdout is not None
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the coordinator exited with code {proc.returncode}")
+            continue
+        if line.startswith("config server: "):
+            return line.split(": ", 1)[1].strip()
+    raise RuntimeError("the coordinator did not start in time")
+
+
+def _last_lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    if path.exists():
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError):
+                out.append(json.loads(line))
+    return out
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.peers < 1:
+        print("--peers: must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    cfg = load_config_or_exit(args.config)
+    if cfg is None:
+        return EXIT_BAD_INPUT
+    try:
+        cfg = with_overrides(
+            cfg,
+            num_devices=args.peers,
+            max_steps=args.max_steps if args.max_steps is not None else cfg.max_steps,
+            swarm={"min_group_size": args.peers},
+        )
+    except ConfigError as e:
+        for line in e.problems:
+            print(f"demo settings: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="collab-demo-"))
+    work.mkdir(parents=True, exist_ok=True)
+    config_path = work / "run.yaml"
+    config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
+
+    procs: list[subprocess.Popen[Any]] = []
+    coord = subprocess.Popen(
+        _cmd(
+            "coordinator",
+            "--config",
+            str(config_path),
+            "--port",
+            "0",
+            "--identity",
+            str(work / "coordinator.key"),
+        ),
+        stdout=subprocess.PIPE,
+        stderr=(work / "coordinator.err").open("w"),
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        url = _read_url(coord, 120.0)
+        print(f"coordinator at {url}; starting {args.peers} volunteers (logs in {work})", file=sys.stderr)
+        for i in range(args.peers):
+            procs.append(
+                subprocess.Popen(
+                    _cmd(
+                        "join",
+                        "--coordinator",
+                        url,
+                        "--device-index",
+                        str(i),
+                        "--name",
+                        f"volunteer-{i}",
+                        "--log-file",
+                        str(work / f"volunteer-{i}.jsonl"),
+                        "--checkpoint",
+                        str(work / f"volunteer-{i}.state"),
+                        "--json",
+                        "--no-progress",
+                        "--linger",
+                        "3",
+                    ),  # fmt: skip
+                    stdout=subprocess.PIPE,
+                    stderr=(work / f"volunteer-{i}.err").open("w"),
+                    text=True,
+                    start_new_session=True,
+                )
+            )
+        summaries = _wait(procs, work, cfg.max_steps, args.timeout)
+    except (RuntimeError, KeyboardInterrupt) as e:
+        print(f"demo stopped: {e or 'interrupted'} (logs in {work})", file=sys.stderr)
+        return 1
+    finally:
+        for p in procs:
+            _stop(p)
+        _stop(coord)
+
+    logs = [_last_lines(work / f"volunteer-{i}.jsonl") for i in range(args.peers)]
+    per_step = [{r["step"]: r for r in lines if "event" not in r} for lines in logs]
+    common = min((max(s) for s in per_step if s), default=0)
+    hashes = {
+        s["name"]: per_step[i][common]["hash"] for i, s in enumerate(summaries) if common in per_step[i]
+    }
+    final_metric = summaries[0]["metric"] if summaries else None
+    result = {
+        "run_id": cfg.run_id,
+        "config_version": cfg.version(),
+        "peers": args.peers,
+        "steps": common,
+        "final_metric": final_metric,
+        "metric_name": "rel_distance" if cfg.task.name == "bilinear" else "loss",
+        "state_hashes": hashes,
+        "bits_per_peer": {s["name"]: s["bits_up"] for s in summaries},
+        "bits_down_per_peer": {s["name"]: s["bits_down"] for s in summaries},
+        "wire_bytes_per_peer": {
+            s["name"]: s["wire_bytes_sent"] + s["wire_bytes_received"] for s in summaries
+        },
+        "workdir": str(work),
+    }
+    print(_table(result, summaries))
+    if args.json:
+        print(json.dumps(result))
+    ok = len(summaries) == args.peers and len(set(hashes.values())) == 1 and common == cfg.max_steps
+    return 0 if ok else 1
+
+
+def _wait(
+    procs: list[subprocess.Popen[Any]], work: Path, steps: int, timeout_s: float
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout_s
+    last_report = 0.0
+    while any(p.poll() is None for p in procs):
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the run did not finish within {timeout_s:.0f}s")
+        if time.monotonic() - last_report > 5.0:
+            last_report = time.monotonic()
+            lines = [_last_lines(work / f"volunteer-{i}.jsonl") for i in range(len(procs))]
+            done = [max((r["step"] for r in ls if "event" not in r), default=0) for ls in lines]
+            metric = next((r["metric"] for r in reversed(lines[0]) if "metric" in r), None)
+            shown = f", metric {metric:.3e}" if metric is not None else ""
+            print(f"  step {min(done)}/{steps}{shown}", file=sys.stderr)
+        time.sleep(0.2)
+    summaries = []
+    for i, p in enumerate(procs):
+        out = p.stdout.read() if p.stdout else ""
+        if p.returncode != 0:
+            raise RuntimeError(f"volunteer {i} exited with code {p.returncode} (see volunteer-{i}.err)")
+        summaries.append(json.loads(out.strip().splitlines()[-1]))
+    return summaries
+
+
+def _table(result: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
+    lines = [
+        f"run {result['run_id']}: {result['peers']} volunteers, {result['steps']} steps, "
+        f"final {result['metric_name']} {result['final_metric']:.3e}",
+        f"{'volunteer':<14}{'shard':>6}{'state hash':>36}{'kbit sent':>12}{'wire MB':>10}",
+    ]
+    for s in summaries:
+        wire = (s["wire_bytes_sent"] + s["wire_bytes_received"]) / 1e6
+        lines.append(
+            f"{s['name']:<14}{s['device_index']:>6}{s['hash']:>36}{s['bits_up'] / 1e3:>12.1f}{wire:>10.3f}"
+        )
+    same = len(set(result["state_hashes"].values())) == 1
+    lines.append("all volunteers hold the same state" if same else "STATE HASHES DIFFER")
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    from peers.cli import main
+
+    sys.exit(main(["demo", *sys.argv[1:]]))
