@@ -51,10 +51,8 @@ def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait_s: float 
     if proc.poll() is None:
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, sig)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=wait_s)
-        except subprocess.TimeoutExpired:
-            pass
     with contextlib.suppress(ProcessLookupError):
         os.killpg(proc.pid, signal.SIGKILL)
     with contextlib.suppress(subprocess.TimeoutExpired):
@@ -146,7 +144,7 @@ def run(args: argparse.Namespace) -> int:
                         "--no-progress",
                         "--linger",
                         "3",
-                    ),  # fmt: skip
+                    ),
                     stdout=subprocess.PIPE,
                     stderr=(work / f"volunteer-{i}.err").open("w"),
                     text=True,
