@@ -5,8 +5,10 @@ Endpoints: ``GET /v1/run`` -> ``{run_id, version, config, initial_peers}``; ``GE
 
 from __future__ import annotations
 
+import contextlib
+import signal
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from fastapi import FastAPI
@@ -43,8 +45,26 @@ def bind(host: str, port: int) -> socket.socket:
 
 
 def serve(app: FastAPI, sock: socket.socket) -> None:
-    """Serve until SIGINT/SIGTERM (uvicorn on uvloop)."""
+    """Serve until SIGINT/SIGTERM (uvicorn on uvloop), then return so the caller can clean up.
+
+    uvicorn's own signal capture re-raises the signal after shutting down, which would kill the process
+    before the caller's ``finally`` stops the DHT (and its p2pd); we install our own handlers instead.
+    """
     import uvicorn
 
-    server = uvicorn.Server(uvicorn.Config(app, loop="uvloop", log_level="warning", access_log=False))
-    server.run(sockets=[sock])
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = _Server(uvicorn.Config(app, loop="uvloop", log_level="warning", access_log=False))
+
+    def stop(signum: int, frame: Any) -> None:
+        server.should_exit = True
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run(sockets=[sock])
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -50,6 +50,9 @@ def run(args: argparse.Namespace) -> int:
         print(f"cannot start the DHT peer: {e}", file=sys.stderr)
         sock.close()
         return 1
+    from collab.swarm.volunteer import CoordinatorBeacon
+
+    beacon = CoordinatorBeacon(cfg, node)
     try:
         url = f"http://{args.host}:{sock.getsockname()[1]}"
         print(f"collab coordinator: run {cfg.run_id}, config version {cfg.version()}", flush=True)
@@ -58,6 +61,7 @@ def run(args: argparse.Namespace) -> int:
         print(f"volunteers join with: collab join --coordinator {url}", flush=True)
         serve(build_app(cfg, node.visible_maddrs), sock)
     finally:
+        beacon.close()
         node.shutdown()
     return 0
 

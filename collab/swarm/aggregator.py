@@ -25,11 +25,20 @@ class SwarmAggregator(Aggregator):
     """``SwarmAggregator(node=..., run_id=..., cfg=..., device_index=m, shared_seed=run_seed)``."""
 
     def __init__(
-        self, *, node: SwarmNode, run_id: str, cfg: SwarmConfig, device_index: int, shared_seed: int
+        self,
+        *,
+        node: SwarmNode,
+        run_id: str,
+        cfg: SwarmConfig,
+        device_index: int,
+        shared_seed: int,
+        config_version: str = "",
     ) -> None:
         self.node, self.cfg, self.shared_seed = node, cfg, shared_seed
         self.stats = CommStats()
-        self.matchmaker = Matchmaker(node=node, run_id=run_id, cfg=cfg, device_index=device_index)
+        self.matchmaker = Matchmaker(
+            node=node, run_id=run_id, cfg=cfg, device_index=device_index, config_version=config_version
+        )
         self.reducer = ExactReducer(node=node, cfg=cfg)
         self._last_group: Group | None = None
 

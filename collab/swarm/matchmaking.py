@@ -75,8 +75,11 @@ class _Round:
 class Matchmaker:
     """Runs on the node's event loop; ``form_group(round_id)`` returns the round's :class:`Group`."""
 
-    def __init__(self, *, node: SwarmNode, run_id: str, cfg: SwarmConfig, device_index: int) -> None:
+    def __init__(
+        self, *, node: SwarmNode, run_id: str, cfg: SwarmConfig, device_index: int, config_version: str = ""
+    ) -> None:
         self.node, self.run_id, self.cfg, self.device_index = node, run_id, cfg, device_index
+        self.config_version = config_version
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
         self.alive_peers: dict[str, dict[str, object]] = {}  # refreshed by the heartbeat
@@ -106,7 +109,16 @@ class Matchmaker:
         return f"{self.run_id}_round_{round_id}"
 
     def _live_count(self) -> int:
-        return sum(1 for p in self.alive_peers if not self.is_suspect(p)) or 1
+        """Peers expected in rounds: alive trainers (not the coordinator), not suspected."""
+        return (
+            sum(
+                1
+                for p, rec in self.alive_peers.items()
+                if not self.is_suspect(p)
+                and not (isinstance(rec, dict) and rec.get("status") == "coordinator")
+            )
+            or 1
+        )
 
     # ---- the joiner's side --------------------------------------------------------------------------
     async def form_group(self, round_id: str) -> Group:
@@ -134,7 +146,7 @@ class Matchmaker:
                 answer, _ = await self.node.call(
                     leader,
                     JOIN,
-                    {"round": round_id, "device_index": self.device_index},
+                    {"round": round_id, "device_index": self.device_index, "version": self.config_version},
                     timeout_s=max(0.1, deadline - time.monotonic()),
                 )
             except TransportError as e:
@@ -148,6 +160,11 @@ class Matchmaker:
             if status == "redirect":
                 await asyncio.sleep(0.02)
                 continue
+            if status == "config_mismatch":  # that leader runs another config: never follow it
+                self.suspect(leader)
+                raise RoundFailed(
+                    f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}"
+                )
             raise RoundFailed(f"round {round_id}: leader {leader[-6:]} answered {status!r}")
         raise RoundFailed(f"round {round_id}: no group within {self.cfg.matchmaking_timeout_s:.1f}s")
 
@@ -208,6 +225,8 @@ class Matchmaker:
     async def _handle_join(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
         round_id = str(header["round"])
         device_index = int(header["device_index"])
+        if header.get("version") != self.config_version:
+            return {"status": "config_mismatch", "version": self.config_version}, b""
         r = self._round(round_id)
         if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
             return {"status": "closed"}, b""

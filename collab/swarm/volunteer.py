@@ -61,7 +61,12 @@ class Volunteer:
         self.name = name or f"peer-{node.peer_key[-6:]}"
         self.task = build_task(cfg)
         self.aggregator = SwarmAggregator(
-            node=node, run_id=cfg.run_id, cfg=cfg.swarm, device_index=device_index, shared_seed=cfg.seed
+            node=node,
+            run_id=cfg.run_id,
+            cfg=cfg.swarm,
+            device_index=device_index,
+            shared_seed=cfg.seed,
+            config_version=cfg.version(),
         )
         self.method: Method = build_method(
             cfg, self.task, self.aggregator, [device_index], device_keys=[node.peer_key]
@@ -99,12 +104,7 @@ class Volunteer:
         while not self._beat_stop.is_set():
             try:
                 self.publish_alive()
-                alive = self.node.run(
-                    self.node.dht_get_dict(self._alive_key), timeout_s=cfg.heartbeat_interval_s * 3
-                )
-                self.aggregator.matchmaker.alive_peers = {
-                    p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != "left"
-                }
+                self._refresh_view()
             except Exception as e:  # the DHT being slow is not fatal: try again next beat
                 logger.debug("%s: heartbeat failed: %s", self.name, e)
             self._beat_stop.wait(cfg.heartbeat_interval_s)
@@ -126,7 +126,13 @@ class Volunteer:
         state = self.method.state
         if state is None:
             raise RuntimeError("no state yet")
-        return {"step": state.step, "hash": state.hash(), "method": self.method.name}, state.to_bytes()
+        header = {
+            "step": state.step,
+            "hash": state.hash(),
+            "method": self.method.name,
+            "version": self.config_version,
+        }
+        return header, state.to_bytes()
 
     def _peers_ahead(self) -> list[tuple[int, str]]:
         me = self.node.peer_key
@@ -152,6 +158,10 @@ class Volunteer:
                 logger.warning("%s: state download from %s failed: %s", self.name, peer[-6:], e)
                 self.aggregator.matchmaker.suspect(peer)
                 continue
+            if header.get("version") != self.config_version:
+                logger.warning("%s: %s runs another config; not taking its state", self.name, peer[-6:])
+                self.aggregator.matchmaker.suspect(peer)
+                continue
             if header.get("hash") != state.hash() or header.get("method") != self.method.name:
                 logger.warning(
                     "%s: state from %s does not match its hash or method; ignored", self.name, peer[-6:]
@@ -164,17 +174,19 @@ class Volunteer:
         return False
 
     # ---- the loop ----------------------------------------------------------------------------------
-    def run(self, *, max_steps: int | None = None, max_failures_in_row: int = 50) -> int:
-        """Train until ``max_steps`` (default: the config's), ``stop_event`` or too many failed rounds.
-
-        Returns the last committed step.
+    def run(self, *, max_steps: int | None = None, give_up_after_s: float | None = None) -> int:
+        """Train until ``max_steps`` (default: the config's), ``stop_event``, or no progress for
+        ``give_up_after_s`` (default: 6 x (matchmaking + all-reduce timeouts)). Failed rounds are retried
+        with exponential backoff (50 ms up to 2 s). Returns the last committed step.
         """
+        sw = self.cfg.swarm
+        patience = give_up_after_s or 6 * (sw.matchmaking_timeout_s + sw.allreduce_timeout_s)
+        last_progress = time.monotonic()
         target = max_steps if max_steps is not None else self.cfg.max_steps
         self.status = "syncing"
         self._wait_for_view()
         self.check_config_version()
-        if not self.sync():
-            self.status = "training"
+        self.sync()
         self.status = "training"
         while self.step < target and not self.stop_event.is_set():
             try:
@@ -191,15 +203,17 @@ class Volunteer:
                 self._failures_in_row += 1
                 logger.info("%s step %d: round failed (%s)", self.name, self.step, e)
                 self._emit(event="round_failed", step=self.step, reason=str(e))
-                if self._failures_in_row >= max_failures_in_row:
-                    logger.warning(
-                        "%s: %d rounds failed in a row; stopping", self.name, self._failures_in_row
-                    )
+                if time.monotonic() - last_progress > patience:
+                    logger.warning("%s: no progress for %.0fs; stopping", self.name, patience)
                     break
-                if not self.sync():
-                    time.sleep(0.05)
+                self.check_config_version()
+                if self.sync():
+                    last_progress = time.monotonic()
+                else:
+                    self.stop_event.wait(min(2.0, 0.05 * 2 ** min(self._failures_in_row - 1, 6)))
                 continue
             self._failures_in_row = 0
+            last_progress = time.monotonic()
             assert self.method.state is not None
             stats = self.aggregator.stats
             self._publish_progress(report.step)
@@ -219,14 +233,31 @@ class Volunteer:
         return self.step
 
     def check_config_version(self) -> None:
-        """Refuse to train with a config that differs from the one the swarm's peers run."""
-        for peer, rec in self.aggregator.matchmaker.alive_peers.items():
-            other = rec.get("version") if isinstance(rec, dict) else None
-            if peer != self.node.peer_key and isinstance(other, str) and other != self.config_version:
-                raise ConfigMismatch(
-                    f"this peer's config (version {self.config_version}) differs from the swarm's "
-                    f"(version {other}, peer {peer[-6:]}): fetch the run's config again"
-                )
+        """Refuse to train with a config that differs from the swarm's.
+
+        The coordinator's alive record, when there is one, says which config is the run's; without a
+        coordinator the majority of the other alive peers does (a tie keeps this peer running).
+        """
+        me, mine = self.node.peer_key, self.config_version
+        versions = {
+            p: (rec.get("version"), rec.get("status"))
+            for p, rec in self.aggregator.matchmaker.alive_peers.items()
+            if p != me and isinstance(rec, dict) and isinstance(rec.get("version"), str)
+        }
+        coordinator = [v for v, status in versions.values() if status == "coordinator"]
+        others = [v for v, status in versions.values() if status != "coordinator"]
+        if coordinator:
+            swarm_version = coordinator[0]
+            wrong = swarm_version != mine
+        else:
+            differing = [v for v in others if v != mine]
+            swarm_version = differing[0] if differing else mine
+            wrong = len(differing) > len(others) - len(differing)
+        if wrong:
+            raise ConfigMismatch(
+                f"this peer's config (version {mine}) differs from the swarm's (version {swarm_version}): "
+                "use the run's config (collab join --coordinator URL fetches it)"
+            )
 
     def _publish_progress(self, step: int) -> None:
         """Store our signed progress record (fire and forget: a slow DHT never stalls training)."""
@@ -277,12 +308,20 @@ class Volunteer:
         os.replace(tmp, self.checkpoint_path)
 
     def _wait_for_view(self) -> None:
-        """Give the heartbeat a moment to learn who is alive before deciding to sync or initialize."""
-        # One full heartbeat period: peers that start together see each other before the first round.
+        """Learn who is alive before deciding to sync or initialize (peers that start together meet)."""
         time.sleep(self.cfg.swarm.heartbeat_interval_s)
         deadline = time.monotonic() + 2 * self.cfg.swarm.heartbeat_interval_s
-        while time.monotonic() < deadline and len(self.aggregator.matchmaker.alive_peers) <= 1:
-            time.sleep(0.05)
+        while True:
+            self._refresh_view()
+            if time.monotonic() >= deadline or len(self.aggregator.matchmaker.alive_peers) > 1:
+                return
+            time.sleep(0.1)
+
+    def _refresh_view(self) -> None:
+        alive = self.node.run(self.node.dht_get_dict(self._alive_key), timeout_s=10.0)
+        self.aggregator.matchmaker.alive_peers = {
+            p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != "left"
+        }
 
     def close(self, linger_s: float = 0.0) -> None:
         """Leave: keep serving ``linger_s`` (late peers may still sync), mark us gone, stop heartbeats."""
@@ -298,3 +337,37 @@ class Volunteer:
         if self._log is not None:
             self._log.close()
             self._log = None
+
+
+class CoordinatorBeacon:
+    """The coordinator's alive record: tells joining peers which config version is the run's."""
+
+    def __init__(self, cfg: RunConfig, node: SwarmNode) -> None:
+        self.cfg, self.node = cfg, node
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="collab-beacon", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        sw = self.cfg.swarm
+        value = {
+            "step": -1,
+            "device": -1,
+            "status": "coordinator",
+            "name": "coordinator",
+            "version": self.cfg.version(),
+        }
+        while not self._stop.is_set():
+            try:
+                expiration = get_dht_time() + sw.heartbeat_ttl_s
+                self.node.run(
+                    self.node.dht_store(f"{self.cfg.run_id}_alive", self.node.peer_key, value, expiration),
+                    timeout_s=10.0,
+                )
+            except Exception as e:  # the DHT being slow is not fatal: try again next beat
+                logger.debug("coordinator beacon failed: %s", e)
+            self._stop.wait(sw.heartbeat_interval_s)
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=5.0)

@@ -1,0 +1,3 @@
+from tests.e2e.roles import roles
+
+__all__ = ["roles"]
