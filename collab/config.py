@@ -10,7 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
@@ -50,8 +50,27 @@ class BilinearTaskConfig(_Section):
     init_scale: float = Field(1.0, gt=0, description="z^0 drawn from N(0, init_scale^2)")
 
 
-# Later tasks join this as a union discriminated by `name`.
-TaskConfig = BilinearTaskConfig
+class AdversarialTaskConfig(_Section):
+    """Adversarial training of a small ALBERT-like masked LM (see collab/tasks/adversarial.py)."""
+
+    name: Literal["adversarial"] = "adversarial"
+    seq_len: int = Field(32, ge=4, le=512, description="tokens (characters) per example")
+    batch_size: int = Field(16, ge=1, le=4096, description="examples per device per step")
+    embedding_size: int = Field(32, ge=4, le=1024, description="ALBERT embedding size")
+    hidden_size: int = Field(64, ge=8, le=4096, description="transformer hidden size")
+    layers: int = Field(2, ge=1, le=48, description="transformer layers")
+    heads: int = Field(2, ge=1, le=64, description="attention heads (must divide hidden_size)")
+    epsilon: float = Field(1.0, ge=0, description="radius of the input-embedding perturbation ball")
+    mask_prob: float = Field(0.15, gt=0, lt=1, description="fraction of tokens masked for the MLM loss")
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> AdversarialTaskConfig:
+        if self.hidden_size % self.heads:
+            raise ValueError("heads must divide hidden_size")
+        return self
+
+
+TaskConfig = Annotated[BilinearTaskConfig | AdversarialTaskConfig, Field(discriminator="name")]
 
 
 class MethodConfig(_Section):

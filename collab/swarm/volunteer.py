@@ -59,7 +59,7 @@ class Volunteer:
             raise ValueError(f"device index {device_index} outside [0, {cfg.num_devices})")
         self.cfg, self.node, self.device_index = cfg, node, device_index
         self.name = name or f"peer-{node.peer_key[-6:]}"
-        self.task = build_task(cfg)
+        self.task = build_task(cfg, device=device)
         self.aggregator = SwarmAggregator(
             node=node,
             run_id=cfg.run_id,
