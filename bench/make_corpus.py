@@ -10,13 +10,47 @@ import argparse
 import random
 from pathlib import Path
 
-SUBJECTS = ["the cat", "a small dog", "the old man", "my sister", "the red bird", "a young girl", "the farmer",
-            "our teacher", "the tall tree", "a quiet river", "the baker", "the children", "a grey horse"]  # fmt: skip
+SUBJECTS = [
+    "the cat",
+    "a small dog",
+    "the old man",
+    "my sister",
+    "the red bird",
+    "a young girl",
+    "the farmer",
+    "our teacher",
+    "the tall tree",
+    "a quiet river",
+    "the baker",
+    "the children",
+    "a grey horse",
+]
 VERBS = ["sees", "likes", "finds", "follows", "carries", "paints", "watches", "remembers", "builds", "greets"]
-OBJECTS = ["the green field", "a wooden box", "the blue sky", "an empty road", "the warm bread", "a bright lamp",
-           "the little house", "a long letter", "the open window", "a round stone", "the cold water"]  # fmt: skip
-PLACES = ["in the morning", "near the lake", "after the rain", "at the market", "under the bridge", "before dinner",
-          "in the garden", "on the hill", "during the storm", "at night"]  # fmt: skip
+OBJECTS = [
+    "the green field",
+    "a wooden box",
+    "the blue sky",
+    "an empty road",
+    "the warm bread",
+    "a bright lamp",
+    "the little house",
+    "a long letter",
+    "the open window",
+    "a round stone",
+    "the cold water",
+]
+PLACES = [
+    "in the morning",
+    "near the lake",
+    "after the rain",
+    "at the market",
+    "under the bridge",
+    "before dinner",
+    "in the garden",
+    "on the hill",
+    "during the storm",
+    "at night",
+]
 LINKS = ["and then", "because", "while", "but", "so"]
 
 

@@ -94,7 +94,8 @@ class _MLM:
         return delta.requires_grad_(True)
 
     def loss(self, delta: torch.Tensor, ids: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        embeds = self.model.get_input_embeddings()(ids) + delta.unsqueeze(0)
+        embedding: torch.nn.Module = self.model.get_input_embeddings()  # type: ignore[operator]
+        embeds = embedding(ids) + delta.unsqueeze(0)
         attention = (ids != self.task.tokenizer.pad_id).long()
         out = self.model(inputs_embeds=embeds, attention_mask=attention, labels=labels)
         return out.loss
