@@ -39,6 +39,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--workdir", help="folder for the run's config, logs and checkpoints (default: a new temp dir)"
     )
     p.add_argument("--timeout", type=float, default=900.0, help="give up after this many seconds")
+    p.add_argument("--plot", metavar="PNG", help="plot the metric against the step to this file")
     p.add_argument("--json", action="store_true", help="end with one JSON object")
 
 
@@ -183,6 +184,9 @@ def run(args: argparse.Namespace) -> int:
         "workdir": str(work),
     }
     print(_table(result, summaries))
+    if args.plot and per_step and per_step[0]:
+        _plot(args.plot, per_step[0], result["metric_name"], f"{cfg.run_id}: {args.peers} volunteers")
+        print(f"plot written to {args.plot}")
     if args.json:
         print(json.dumps(result))
     ok = len(summaries) == args.peers and len(set(hashes.values())) == 1 and common == cfg.max_steps
@@ -212,6 +216,26 @@ def _wait(
             raise RuntimeError(f"volunteer {i} exited with code {p.returncode} (see volunteer-{i}.err)")
         summaries.append(json.loads(out.strip().splitlines()[-1]))
     return summaries
+
+
+def _plot(path: str, records: dict[int, dict[str, Any]], metric_name: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    steps = sorted(records)
+    fig, ax = plt.subplots(figsize=(7, 4))
+    ax.plot(steps, [records[s]["metric"] for s in steps])
+    if metric_name == "rel_distance":
+        ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel(metric_name)
+    ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
 
 def _table(result: dict[str, Any], summaries: list[dict[str, Any]]) -> str:
