@@ -197,6 +197,7 @@ def _update_bar(bar: Any, rec: dict[str, Any]) -> None:
     bar.set_postfix(
         metric=f"{rec['metric']:.2e}",
         peers=rec["group"],
+        samples_s=f"{rec.get('samples_per_s', 0.0):.1f}",
         kbit=f"{rec['bits_up'] / 1e3:.0f}",
         MB=f"{(rec['wire_sent'] + rec['wire_received']) / 1e6:.2f}",
         refresh=False,

@@ -14,6 +14,7 @@ runs in the DHT's own process, is not included).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import threading
@@ -88,6 +89,7 @@ class SwarmNode:
         record_validators: Sequence[Any] = (),
     ) -> None:
         self.max_message_bytes = max_message_bytes
+        self._spawned: set[Any] = set()
         self.bytes_sent = 0
         self.bytes_received = 0
         kwargs: dict[str, Any] = {}
@@ -125,8 +127,10 @@ class SwarmNode:
             raise
 
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
-        """Start ``coro`` on the node's loop without waiting for it."""
-        asyncio.run_coroutine_threadsafe(coro, self._loop)
+        """Start ``coro`` on the node's loop without waiting for it (it gets a grace period at shutdown)."""
+        fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        self._spawned.add(fut)
+        fut.add_done_callback(self._spawned.discard)
 
     # ---- calls ------------------------------------------------------------------------------------
     def serve(self, name: str, handler: Handler) -> None:
@@ -233,11 +237,17 @@ class SwarmNode:
         if getattr(self, "_closed", False):
             return
         self._closed = True
+        deadline = time.monotonic() + 2.0
+        for fut in list(self._spawned):  # e.g. a last progress record on its way to the DHT
+            with contextlib.suppress(Exception):
+                fut.result(max(0.0, deadline - time.monotonic()))
         if hasattr(self, "p2p"):
             try:
                 self.run(self.p2p.shutdown(), timeout_s=10.0)
             except Exception as e:  # shutting down: report, carry on
                 logger.debug("p2p replica shutdown: %s", e)
+        with contextlib.suppress(Exception):
+            self.run(_cancel_pending(), timeout_s=5.0)
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10.0)
         self.dht.shutdown()
@@ -245,3 +255,11 @@ class SwarmNode:
 
 async def _as_coroutine(aw: Awaitable[T]) -> T:
     return await aw
+
+
+async def _cancel_pending() -> None:
+    """Cancel every other task on the loop and let them finish (no "task destroyed" at exit)."""
+    tasks = [t for t in asyncio.all_tasks() if t is not asyncio.current_task()]
+    for t in tasks:
+        t.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)

@@ -216,9 +216,10 @@ class Volunteer:
             last_progress = time.monotonic()
             assert self.method.state is not None
             stats = self.aggregator.stats
-            self._publish_progress(report.step)
+            samples_per_s = self._publish_progress(report.step)
             self._emit(
                 step=report.step,
+                samples_per_s=round(samples_per_s, 3),
                 hash=self.method.state.hash(),
                 metric=self.task.metric(self.method.state.z),
                 group=self.aggregator.last_group_size,
@@ -259,14 +260,17 @@ class Volunteer:
                 "use the run's config (collab join --coordinator URL fetches it)"
             )
 
-    def _publish_progress(self, step: int) -> None:
-        """Store our signed progress record (fire and forget: a slow DHT never stalls training)."""
+    def _publish_progress(self, step: int) -> float:
+        """Store our signed progress record (fire and forget: a slow DHT never stalls training).
+
+        Returns this step's samples per second."""
         now = time.monotonic()
         elapsed, self._last_step_time = now - self._last_step_time, now
         batch = int(sum(w.operator.weight for w in self.method.workers))
         self.samples += batch
+        samples_per_s = batch / elapsed if elapsed > 0 else 0.0
         if self.signer is None:
-            return
+            return samples_per_s
         from collab import __version__
         from collab.swarm.records import ProgressRecord, progress_key
 
@@ -276,7 +280,7 @@ class Volunteer:
         record = ProgressRecord(
             step=step,
             samples=self.samples,
-            samples_per_s=float(batch / elapsed) if elapsed > 0 else 0.0,
+            samples_per_s=float(samples_per_s),
             metric=metric,
             metric_name=self.task.metric_name,
             bits_up=float(stats.bits_up),
@@ -297,6 +301,7 @@ class Volunteer:
                 progress_key(self.cfg.run_id), self.signer.local_public_key, record.dict(), expiration
             )
         )
+        return samples_per_s
 
     def save_checkpoint(self) -> None:
         """Write the committed state atomically (temp file + rename): a crash never leaves half a file."""
