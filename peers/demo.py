@@ -26,7 +26,9 @@ import yaml
 from collab.config import ConfigError, with_overrides
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit
 
-DEFAULT_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+# The repository's configs/ (an editable install); elsewhere (e.g. the Docker image) ./configs.
+_REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
+DEFAULT_CONFIG = _REPO_CONFIG if _REPO_CONFIG.exists() else Path("configs") / "demo.yaml"
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
