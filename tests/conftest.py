@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import signal
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,6 +15,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 CONFIGS = REPO / "configs"
+
+
+def _collab_command() -> list[str]:
+    """The installed `collab` console script of this interpreter (what a user types), found next to the
+    interpreter first so a stale PATH or shim cannot pick another installation."""
+    beside = Path(sys.executable).parent / "collab"
+    if beside.exists():
+        return [str(beside)]
+    found = shutil.which("collab")
+    return [found] if found else [sys.executable, "-m", "peers"]
+
+
+COLLAB = _collab_command()
 
 
 # torch starts one shared-memory manager per process on first use of torch.multiprocessing (hivemind's
@@ -61,5 +76,5 @@ def reap_children() -> Iterator[None]:
 def run_cli(*args: str, timeout: float = 120.0, cwd: Path | None = None) -> subprocess.CompletedProcess[str]:
     """Run ``collab ARGS`` as a user would (a separate process), with a timeout."""
     return subprocess.run(
-        ["collab", *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, check=False
+        [*COLLAB, *args], capture_output=True, text=True, timeout=timeout, cwd=cwd or REPO, check=False
     )

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tests.conftest import COLLAB
 from tests.integration.swarm_harness import group_alive, p2pd_pids
 
 
@@ -24,7 +25,7 @@ class Roles:
 
     def start(self, *args: str, name: str, stdout: Any = subprocess.PIPE) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            ["collab", *args],
+            [*COLLAB, *args],
             stdout=stdout,
             stderr=(self.tmp / f"{name}.err").open("w"),
             text=True,

@@ -6,6 +6,7 @@ import json
 import re
 import signal
 import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -23,6 +24,12 @@ def _config(tmp: Path, **changes: object) -> Path:
     path = tmp / f"run-{len(list(tmp.glob('run-*.yaml')))}.yaml"
     path.write_text(yaml.safe_dump(data))
     return path
+
+
+def _hivemind_dht() -> str:
+    """hivemind's own DHT command, installed beside this interpreter."""
+    beside = Path(sys.executable).parent / "hivemind-dht"
+    return str(beside) if beside.exists() else "hivemind-dht"
 
 
 def _last_step(log: Path) -> int:

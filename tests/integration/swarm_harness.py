@@ -21,6 +21,8 @@ import hivemind
 import pytest
 import yaml
 
+from tests.conftest import COLLAB
+
 
 def p2pd_pids() -> set[int]:
     """PIDs of every running p2pd daemon on this machine."""
@@ -93,7 +95,7 @@ class Swarm:
         n = len(self.peers)
         log, err = self.tmp / f"peer{n}.jsonl", self.tmp / f"peer{n}.err"
         cmd = [
-            "collab", "--log-level", "INFO", "join", "--config", str(config), "--initial-peers", self.maddr,
+            *COLLAB, "--log-level", "INFO", "join", "--config", str(config), "--initial-peers", self.maddr,
             "--device-index", str(device_index), "--log-file", str(log), "--json", "--linger", "3",
         ]  # fmt: skip
         if max_steps is not None:
