@@ -36,6 +36,7 @@ class SimulationResult:
     bits_to_target: float | None
     steps_to_target: int | None
     state_hash: str
+    metric_name: str = "rel_distance"
     rows: list[tuple[int, float, float, float]] = field(default_factory=list)  # step, up, down, metric
 
     def summary(self) -> dict[str, Any]:
@@ -47,7 +48,9 @@ class SimulationResult:
             "gamma": self.gamma,
             "tau": self.tau,
             "steps": self.steps,
-            "final_rel_distance": self.final_metric,
+            "final_rel_distance": self.final_metric,  # the bilinear metric's name; see metric_name
+            "final_metric": self.final_metric,
+            "metric_name": self.metric_name,
             "bits_per_device": self.bits_per_device,
             "bits_down_per_device": self.bits_down_per_device,
             "bits_to_target": self.bits_to_target,
@@ -100,6 +103,7 @@ def simulate(
         bits_to_target=bits_to_target,
         steps_to_target=steps_to_target,
         state_hash=algo.state.hash(),
+        metric_name=task.metric_name,
         rows=rows,
     )
 
