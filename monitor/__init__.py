@@ -1,5 +1,6 @@
 """The monitor peer and its dashboard.
 
-Placeholder: the monitor (reads signed progress records from the DHT, keeps SQLite history, serves the
-dashboard) is not built yet; it arrives after the swarm layer.
+In progress: ``monitor.aggregate`` turns peers' signed progress records into the swarm's summary (tested
+on hand-made records). Still to come: reading the records from the DHT, SQLite history, the HTTP API,
+the dashboard and ``collab monitor`` / ``collab status``.
 """
