@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from collab import __version__
-from peers import coordinator, demo, join, simulate, validate
+from peers import coordinator, demo, join, monitor_peer, simulate, status, validate
 
 SUBCOMMANDS = {
     "validate": validate,
@@ -20,6 +20,8 @@ SUBCOMMANDS = {
     "coordinator": coordinator,
     "join": join,
     "demo": demo,
+    "monitor": monitor_peer,
+    "status": status,
 }
 
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import socket
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -17,15 +18,23 @@ from collab import __version__
 from collab.config import RunConfig
 
 
-def build_app(cfg: RunConfig, initial_peers: Callable[[], list[str]]) -> FastAPI:
-    """A FastAPI app serving ``cfg`` and the current ``initial_peers()``."""
+def build_app(
+    cfg: RunConfig, initial_peers: Callable[[], list[str]], dashboard: str | None = None
+) -> FastAPI:
+    """A FastAPI app serving ``cfg``, the current ``initial_peers()`` and the dashboard URL, if any."""
     app = FastAPI(title="collab coordinator", version=__version__, docs_url=None, redoc_url=None)
     payload = cfg.model_dump(mode="json")
     version = cfg.version()
 
     @app.get("/v1/run")
     def run() -> dict[str, Any]:
-        return {"run_id": cfg.run_id, "version": version, "config": payload, "initial_peers": initial_peers()}
+        return {
+            "run_id": cfg.run_id,
+            "version": version,
+            "config": payload,
+            "initial_peers": initial_peers(),
+            "dashboard": dashboard,
+        }
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -42,6 +51,24 @@ def bind(host: str, port: int) -> socket.socket:
     sock.listen(128)
     sock.set_inheritable(True)
     return sock
+
+
+def serve_in_thread(app: FastAPI, sock: socket.socket) -> tuple[Any, threading.Thread]:
+    """Serve ``app`` from a background thread (e.g. the dashboard next to the config server).
+
+    Returns the uvicorn server (set ``should_exit = True`` to stop it) and its thread.
+    """
+    import uvicorn
+
+    class _Server(uvicorn.Server):
+        @contextlib.contextmanager
+        def capture_signals(self) -> Iterator[None]:
+            yield
+
+    server = _Server(uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="collab-http", daemon=True)
+    thread.start()
+    return server, thread
 
 
 def serve(app: FastAPI, sock: socket.socket) -> None:

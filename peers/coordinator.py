@@ -22,6 +22,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dht-port", type=int, default=0, help="DHT port (0: any free port)")
     p.add_argument("--identity", help="file with the DHT peer's private key (created if missing)")
     p.add_argument("--initial-peers", nargs="+", default=[], metavar="MADDR", help="join this DHT instead")
+    p.add_argument(
+        "--dashboard-port", type=int, help="also run the monitor and its dashboard on this port (0: any)"
+    )
+    p.add_argument("--db", default="runs/monitor.sqlite", help="the embedded monitor's SQLite history")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -34,8 +38,9 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         sock = bind(args.host, args.port)
+        dash_sock = bind(args.host, args.dashboard_port) if args.dashboard_port is not None else None
     except OSError as e:
-        print(f"--port: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
+        print(f"--port/--dashboard-port: cannot listen on {args.host}: {e.strerror}", file=sys.stderr)
         return 1
     validators, _ = make_validators(cfg.run_id)
     try:
@@ -53,14 +58,30 @@ def run(args: argparse.Namespace) -> int:
     from collab.swarm.volunteer import CoordinatorBeacon
 
     beacon = CoordinatorBeacon(cfg, node)
+    monitor, dashboard_server, dashboard = None, None, None
     try:
         url = f"http://{args.host}:{sock.getsockname()[1]}"
         print(f"collab coordinator: run {cfg.run_id}, config version {cfg.version()}", flush=True)
         print(f"config server: {url}", flush=True)
         print(f"DHT: {' '.join(node.visible_maddrs())}", flush=True)
+        if dash_sock is not None:
+            from monitor.app import build_app as build_dashboard
+            from monitor.service import Monitor
+            from monitor.store import MonitorStore
+            from peers.config_server import serve_in_thread
+
+            monitor = Monitor(cfg, node, MonitorStore(args.db)).start()
+            dashboard_server, _ = serve_in_thread(build_dashboard(monitor), dash_sock)
+            dashboard = f"http://{args.host}:{dash_sock.getsockname()[1]}/"
+            print(f"dashboard: {dashboard}", flush=True)
         print(f"volunteers join with: collab join --coordinator {url}", flush=True)
-        serve(build_app(cfg, node.visible_maddrs), sock)
+        serve(build_app(cfg, node.visible_maddrs, dashboard), sock)
     finally:
+        if dashboard_server is not None:
+            dashboard_server.should_exit = True
+        if monitor is not None:
+            monitor.stop()
+            monitor.store.close()
         beacon.close()
         node.shutdown()
     return 0

@@ -62,10 +62,11 @@ def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait_s: float 
         proc.wait(timeout=5)
 
 
-def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> str:
-    """The config server URL the coordinator prints on start."""
+def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
+    """The config server and dashboard URLs the coordinator prints on start."""
     assert proc.stdout is not None
     deadline = time.monotonic() + timeout_s
+    url = None
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
@@ -73,7 +74,9 @@ def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> str:
                 raise RuntimeError(f"the coordinator exited with code {proc.returncode}")
             continue
         if line.startswith("config server: "):
-            return line.split(": ", 1)[1].strip()
+            url = line.split(": ", 1)[1].strip()
+        if line.startswith("dashboard: ") and url:
+            return url, line.split(": ", 1)[1].strip()
     raise RuntimeError("the coordinator did not start in time")
 
 
@@ -119,6 +122,10 @@ def run(args: argparse.Namespace) -> int:
             "0",
             "--identity",
             str(work / "coordinator.key"),
+            "--dashboard-port",
+            "0",
+            "--db",
+            str(work / "monitor.sqlite"),
         ),
         stdout=subprocess.PIPE,
         stderr=(work / "coordinator.err").open("w"),
@@ -126,8 +133,9 @@ def run(args: argparse.Namespace) -> int:
         start_new_session=True,
     )
     try:
-        url = _read_url(coord, 120.0)
+        url, dashboard = _read_url(coord, 120.0)
         print(f"coordinator at {url}; starting {args.peers} volunteers (logs in {work})", file=sys.stderr)
+        print(f"dashboard: {dashboard}   (collab status --coordinator {url})", file=sys.stderr, flush=True)
         for i in range(args.peers):
             procs.append(
                 subprocess.Popen(
@@ -184,6 +192,7 @@ def run(args: argparse.Namespace) -> int:
             s["name"]: s["wire_bytes_sent"] + s["wire_bytes_received"] for s in summaries
         },
         "workdir": str(work),
+        "dashboard": dashboard,
     }
     print(_table(result, summaries))
     if args.plot and per_step and per_step[0]:

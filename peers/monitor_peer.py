@@ -1,0 +1,78 @@
+"""Watch a run: read the peers' signed progress records, keep history in SQLite, serve the dashboard.
+
+With --coordinator the run config and DHT addresses come from the organizer's config server; with
+--config and --initial-peers from a file and any peer of the run. History survives restarts (--db).
+Open the printed URL in a browser; scripts can use the JSON API under /api/.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--coordinator", metavar="URL", help="the run's config server")
+    src.add_argument("--config", help="a local YAML run config (with --initial-peers)")
+    p.add_argument(
+        "--initial-peers", nargs="+", default=[], metavar="MADDR", help="multiaddrs of the run's DHT"
+    )
+    p.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
+    p.add_argument("--port", type=int, default=8080, help="dashboard port (0: any free port)")
+    p.add_argument("--db", default="runs/monitor.sqlite", help="SQLite history file")
+    p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between DHT reads")
+
+
+def run(args: argparse.Namespace) -> int:
+    from peers.join import JoinError, fetch_run
+
+    try:
+        if args.coordinator:
+            cfg, peers = fetch_run(args.coordinator)
+        else:
+            loaded = load_config_or_exit(args.config)
+            if loaded is None:
+                return EXIT_BAD_INPUT
+            cfg, peers = loaded, []
+    except JoinError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    from collab.swarm import SwarmNode
+    from collab.swarm.records import make_validators
+    from monitor.app import build_app
+    from monitor.service import Monitor
+    from monitor.store import MonitorStore
+    from peers.config_server import bind, serve
+
+    try:
+        sock = bind(args.host, args.port)
+    except OSError as e:
+        print(f"--port: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
+        return 1
+    validators, _ = make_validators(cfg.run_id)
+    try:
+        node = SwarmNode(
+            initial_peers=[*peers, *args.initial_peers], host=args.host, record_validators=validators
+        )
+    except Exception as e:  # hivemind reports bad addresses and unreachable peers in several ways
+        print(f"cannot join the swarm: {e}", file=sys.stderr)
+        return 1
+    store = MonitorStore(args.db)
+    monitor = Monitor(cfg, node, store, poll_interval_s=args.poll_interval).start()
+    try:
+        print(f"dashboard: http://{args.host}:{sock.getsockname()[1]}/", flush=True)
+        serve(build_app(monitor), sock)
+    finally:
+        monitor.stop()
+        store.close()
+        node.shutdown()
+    return 0
+
+
+if __name__ == "__main__":
+    from peers.cli import main
+
+    sys.exit(main(["monitor", *sys.argv[1:]]))
