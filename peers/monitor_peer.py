@@ -54,8 +54,12 @@ def run(args: argparse.Namespace) -> int:
         return 1
     validators, _ = make_validators(cfg.run_id)
     try:
+        # A reader only: in client mode its DHT node stores and serves nothing for others.
         node = SwarmNode(
-            initial_peers=[*peers, *args.initial_peers], host=args.host, record_validators=validators
+            initial_peers=[*peers, *args.initial_peers],
+            host=args.host,
+            client_mode=True,
+            record_validators=validators,
         )
     except Exception as e:  # hivemind reports bad addresses and unreachable peers in several ways
         print(f"cannot join the swarm: {e}", file=sys.stderr)
