@@ -12,11 +12,9 @@ import threading
 import time
 from typing import Any
 
-from hivemind.utils import get_dht_time
-
 from collab.config import RunConfig
 from collab.swarm.records import progress_key
-from collab.swarm.transport import SwarmNode
+from collab.swarm.transport import SwarmNode, dht_time
 from monitor.aggregate import BadRecord, Summary, summarize, validate_record
 from monitor.store import MonitorStore
 
@@ -66,9 +64,9 @@ class Monitor:
                 if (key, str(e)) not in self._seen_bad:  # count each distinct bad record once
                     self._seen_bad.add((key, str(e)))
                     self.rejected[key] = str(e)
-                    self.store.reject(get_dht_time(), key, str(e))
+                    self.store.reject(dht_time(), key, str(e))
                     logger.info("monitor: ignored a record from %s: %s", key, e)
-        now = get_dht_time()
+        now = dht_time()
         summary = summarize(
             valid,
             now=now,

@@ -53,11 +53,8 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
-def serve_in_thread(app: FastAPI, sock: socket.socket) -> tuple[Any, threading.Thread]:
-    """Serve ``app`` from a background thread (e.g. the dashboard next to the config server).
-
-    Returns the uvicorn server (set ``should_exit = True`` to stop it) and its thread.
-    """
+def _quiet_server(app: FastAPI, *, loop: str) -> Any:
+    """A uvicorn server that leaves signal handling to us (uvicorn's own re-raises the signal on exit)."""
     import uvicorn
 
     class _Server(uvicorn.Server):
@@ -65,7 +62,15 @@ def serve_in_thread(app: FastAPI, sock: socket.socket) -> tuple[Any, threading.T
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    server = _Server(uvicorn.Config(app, loop="asyncio", log_level="warning", access_log=False))
+    return _Server(uvicorn.Config(app, loop=loop, log_level="warning", access_log=False))
+
+
+def serve_in_thread(app: FastAPI, sock: socket.socket) -> tuple[Any, threading.Thread]:
+    """Serve ``app`` from a background thread (e.g. the dashboard next to the config server).
+
+    Returns the uvicorn server (set ``should_exit = True`` to stop it) and its thread.
+    """
+    server = _quiet_server(app, loop="asyncio")
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="collab-http", daemon=True)
     thread.start()
     return server, thread
@@ -77,14 +82,7 @@ def serve(app: FastAPI, sock: socket.socket) -> None:
     uvicorn's own signal capture re-raises the signal after shutting down, which would kill the process
     before the caller's ``finally`` stops the DHT (and its p2pd); we install our own handlers instead.
     """
-    import uvicorn
-
-    class _Server(uvicorn.Server):
-        @contextlib.contextmanager
-        def capture_signals(self) -> Iterator[None]:
-            yield
-
-    server = _Server(uvicorn.Config(app, loop="uvloop", log_level="warning", access_log=False))
+    server = _quiet_server(app, loop="uvloop")
 
     def stop(signum: int, frame: Any) -> None:
         server.should_exit = True

@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 
 import hivemind
 from hivemind.p2p import PeerID
+from hivemind.utils import get_dht_time
 
 logger = logging.getLogger(__name__)
 
@@ -32,6 +33,11 @@ Header = dict[str, Any]
 Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, bytes]]]
 
 MAX_HEADER_BYTES = 64 * 1024
+
+
+def dht_time() -> float:
+    """The DHT's notion of now (seconds): what record timestamps and expirations are measured in."""
+    return float(get_dht_time())
 
 
 class TransportError(RuntimeError):
