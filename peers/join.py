@@ -76,6 +76,23 @@ def fetch_run(url: str, timeout_s: float = 15.0) -> tuple[RunConfig, list[str]]:
     return cfg, [str(p) for p in peers]
 
 
+def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, list[str]] | int:
+    """The run config and DHT addresses from ``--coordinator`` or ``--config`` plus ``--initial-peers``;
+    an exit code (after printing one line per problem) when that fails."""
+    try:
+        if args.coordinator:
+            cfg, peers = fetch_run(args.coordinator)
+        else:
+            loaded = load_config_or_exit(args.config)
+            if loaded is None:
+                return EXIT_BAD_INPUT
+            cfg, peers = loaded, []
+    except JoinError as e:
+        print(str(e), file=sys.stderr)
+        return 1
+    return cfg, [*peers, *args.initial_peers]
+
+
 def pick_device(choice: str) -> str:
     import torch
 
@@ -87,15 +104,11 @@ def pick_device(choice: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    resolved = resolve_run(args)
+    if isinstance(resolved, int):
+        return resolved
+    cfg, initial_peers = resolved
     try:
-        if args.coordinator:
-            cfg, initial_peers = fetch_run(args.coordinator)
-        else:
-            loaded = load_config_or_exit(args.config)
-            if loaded is None:
-                return EXIT_BAD_INPUT
-            cfg, initial_peers = loaded, []
-        initial_peers = [*initial_peers, *args.initial_peers]
         if args.batch_size is not None:
             if args.batch_size < 1:
                 raise JoinError("--batch-size: must be at least 1")

@@ -10,8 +10,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from peers.common import EXIT_BAD_INPUT, load_config_or_exit
-
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     src = p.add_mutually_exclusive_group(required=True)
@@ -27,19 +25,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from peers.join import JoinError, fetch_run
+    from peers.join import resolve_run
 
-    try:
-        if args.coordinator:
-            cfg, peers = fetch_run(args.coordinator)
-        else:
-            loaded = load_config_or_exit(args.config)
-            if loaded is None:
-                return EXIT_BAD_INPUT
-            cfg, peers = loaded, []
-    except JoinError as e:
-        print(str(e), file=sys.stderr)
-        return 1
+    resolved = resolve_run(args)
+    if isinstance(resolved, int):
+        return resolved
+    cfg, peers = resolved
     from collab.swarm import SwarmNode
     from collab.swarm.records import make_validators
     from monitor.app import build_app
@@ -56,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         # A reader only: in client mode its DHT node stores and serves nothing for others.
         node = SwarmNode(
-            initial_peers=[*peers, *args.initial_peers],
+            initial_peers=peers,
             host=args.host,
             client_mode=True,
             record_validators=validators,
