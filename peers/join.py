@@ -25,13 +25,18 @@ from peers.common import EXIT_BAD_INPUT, load_config_or_exit
 logger = logging.getLogger(__name__)
 
 
-def add_arguments(p: argparse.ArgumentParser) -> None:
+def add_run_source_arguments(p: argparse.ArgumentParser) -> None:
+    """--coordinator URL | --config FILE, plus --initial-peers: what :func:`resolve_run` reads."""
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--coordinator", metavar="URL", help="the run's config server, e.g. http://HOST:8000")
     src.add_argument("--config", help="a local YAML run config (the same file on every peer)")
     p.add_argument(
-        "--initial-peers", nargs="+", default=[], metavar="MADDR", help="multiaddrs of peers to join"
+        "--initial-peers", nargs="+", default=[], metavar="MADDR", help="multiaddrs of the run's DHT to join"
     )
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_run_source_arguments(p)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="compute device")
     p.add_argument("--device-index", type=int, help="which data shard to train (default: from the peer key)")
     p.add_argument("--batch-size", type=int, help="local batch size (tasks with minibatches)")

@@ -12,12 +12,9 @@ import sys
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    src = p.add_mutually_exclusive_group(required=True)
-    src.add_argument("--coordinator", metavar="URL", help="the run's config server")
-    src.add_argument("--config", help="a local YAML run config (with --initial-peers)")
-    p.add_argument(
-        "--initial-peers", nargs="+", default=[], metavar="MADDR", help="multiaddrs of the run's DHT"
-    )
+    from peers.join import add_run_source_arguments
+
+    add_run_source_arguments(p)
     p.add_argument("--host", default="127.0.0.1", help="dashboard address (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=8080, help="dashboard port (0: any free port)")
     p.add_argument("--db", default="runs/monitor.sqlite", help="SQLite history file")

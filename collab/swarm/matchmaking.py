@@ -141,7 +141,7 @@ class Matchmaker:
                 r.role, r.leader = "leader", me
                 return await self._lead(round_id, r, start, deadline)
             r.role, r.leader = "follower", leader
-            self._redirect_joiners(r)
+            r.changed.set()  # waiting joiners see the new role and get redirected
             try:
                 answer, _ = await self.node.call(
                     leader,
@@ -176,9 +176,6 @@ class Matchmaker:
                 out[peer] = dev
         return out
 
-    def _redirect_joiners(self, r: _Round) -> None:
-        r.changed.set()
-
     # ---- the leader's side --------------------------------------------------------------------------
     async def _lead(self, round_id: str, r: _Round, start: float, deadline: float) -> Group:
         me = self.node.peer_key
@@ -191,8 +188,10 @@ class Matchmaker:
                 announced, last_read = await self._announced(round_id), now
                 if any(p < me for p in announced):  # a smaller peer showed up: it leads this round
                     r.role, r.leader = "follower", min(announced)
-                    self._redirect_joiners(r)
-                    return await self.form_group_as_follower(round_id, deadline)
+                    r.changed.set()  # waiting joiners see the new role and get redirected
+                    if time.monotonic() >= deadline:
+                        raise RoundFailed(f"round {round_id}: no group in time")
+                    return await self.form_group(round_id)
             size = 1 + len(r.joiners)
             all_announced_joined = set(announced) <= set(r.joiners)
             everyone_here = all_announced_joined and size >= max(self._live_count(), self.cfg.min_group_size)
@@ -215,12 +214,6 @@ class Matchmaker:
         group = Group(round_id, tuple(members), secrets.token_hex(8))
         r.group.set_result(group)
         return group
-
-    async def form_group_as_follower(self, round_id: str, deadline: float) -> Group:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            raise RoundFailed(f"round {round_id}: no group in time")
-        return await self.form_group(round_id)
 
     async def _handle_join(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
         round_id = str(header["round"])

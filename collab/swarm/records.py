@@ -7,8 +7,6 @@ unknown fields rejected). These models are separate from the pydantic v2 config 
 
 from __future__ import annotations
 
-from typing import Any
-
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import RecordValidatorBase
@@ -54,7 +52,3 @@ def make_validators(run_id: str) -> tuple[list[RecordValidatorBase], RSASignatur
     """The DHT record validators of a run, and the signature validator (its public key is our subkey)."""
     signer = RSASignatureValidator()
     return [signer, SchemaValidator(ProgressSchema, prefix=run_id, allow_extra_keys=True)], signer
-
-
-def record_dict(record: ProgressRecord) -> dict[str, Any]:
-    return record.dict()
