@@ -1,8 +1,9 @@
 """Resource use of the monitor while it watches a 4-peer run: RSS and CPU of the monitor process tree.
 
 Usage: ``python bench/monitor.py [--peers 4] [--steps 400]``. Starts a coordinator, ``collab monitor``
-(its own process: main + DHT process + p2pd) and the volunteers, samples the monitor tree's RSS (sum) and
-CPU time from /proc every 0.5 s while the run goes, and prints peak RSS and mean CPU as a share of one core.
+(its own process: main + its p2pd daemon) and the volunteers, samples the monitor tree's memory (RSS and
+PSS, summed) and CPU time from /proc every 0.5 s while the run goes, and prints the peaks and mean CPU as a
+share of one core.
 Goal: under 200 MB RSS and under 5% of one core.
 """
 
@@ -41,13 +42,13 @@ def tree(pid: int) -> list[int]:
     return out
 
 
-def usage(pids: list[int]) -> tuple[float, float]:
-    """(PSS bytes, CPU seconds) summed over ``pids``.
+def usage(pids: list[int]) -> tuple[float, float, float]:
+    """(RSS bytes, PSS bytes, CPU seconds) summed over ``pids``.
 
-    PSS (proportional set size) splits shared pages among the processes that map them: the DHT process
-    is a fork of the monitor, so summing plain RSS would count torch's pages twice.
+    PSS (proportional set size) splits pages shared with other processes (libc, the Python binary)
+    among them; RSS counts them whole, so the RSS sum is the stricter number.
     """
-    mem = cpu = 0.0
+    rss = mem = cpu = 0.0
     for pid in pids:
         try:
             fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
@@ -57,7 +58,8 @@ def usage(pids: list[int]) -> tuple[float, float]:
         cpu += (int(fields[11]) + int(fields[12])) / TICK
         pss = next((line.split()[1] for line in rollup if line.startswith("Pss:")), "0")
         mem += int(pss) * 1024
-    return mem, cpu
+        rss += int(next((line.split()[1] for line in rollup if line.startswith("Rss:")), "0")) * 1024
+    return rss, mem, cpu
 
 
 def per_process(pids: list[int]) -> str:
@@ -67,8 +69,8 @@ def per_process(pids: list[int]) -> str:
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        mem, cpu = usage([pid])
-        parts.append(f"{comm}[{pid}] {mem / 2**20:.0f} MB {cpu:.1f} s")
+        rss, _, cpu = usage([pid])
+        parts.append(f"{comm}[{pid}] RSS {rss / 2**20:.0f} MB, CPU {cpu:.1f} s")
     return ", ".join(parts)
 
 
@@ -111,18 +113,21 @@ def main() -> None:
             start("join", "--coordinator", url, "--device-index", str(i), "--no-progress")
             for i in range(args.peers)
         ]
-        rss_peak, t0 = 0.0, time.monotonic()
-        _, cpu0 = usage(tree(mon.pid))
+        rss_peak = pss_peak = 0.0
+        t0 = time.monotonic()
+        *_, cpu0 = usage(tree(mon.pid))
         while any(v.poll() is None for v in vols):
-            rss, _ = usage(tree(mon.pid))
-            rss_peak = max(rss_peak, rss)
+            rss, pss, _ = usage(tree(mon.pid))
+            rss_peak, pss_peak = max(rss_peak, rss), max(pss_peak, pss)
             time.sleep(0.5)
-        _, cpu1 = usage(tree(mon.pid))
+        *_, cpu1 = usage(tree(mon.pid))
         print("per process:", per_process(tree(mon.pid)))
         wall = time.monotonic() - t0
         print(f"{args.peers} peers, {args.steps} steps, {wall:.1f} s watched")
-        print(f"monitor tree (main + DHT process + p2pd): peak PSS {rss_peak / 2**20:.0f} MB, "
+        mb = 2**20
+        print(f"monitor tree (main + p2pd): peak RSS {rss_peak / mb:.0f} MB (PSS {pss_peak / mb:.0f} MB), "
               f"CPU {100 * (cpu1 - cpu0) / wall:.1f}% of one core")  # fmt: skip
+        print("goal: under 200 MB RSS and under 5% of one core")
     finally:
         for proc in procs:
             with contextlib.suppress(ProcessLookupError):

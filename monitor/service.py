@@ -10,15 +10,20 @@ import hashlib
 import logging
 import threading
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from collab.config import RunConfig
-from collab.swarm.records import progress_key
-from collab.swarm.transport import SwarmNode, dht_time
+from collab.swarm.records import dht_time, progress_key
 from monitor.aggregate import BadRecord, Summary, summarize, validate_record
 from monitor.store import MonitorStore
 
 logger = logging.getLogger(__name__)
+
+
+class RecordSource(Protocol):
+    """Where records come from: a ``SwarmNode`` (embedded monitor) or a ``DhtReader`` (standalone)."""
+
+    def get_dict(self, key: str, *, timeout_s: float) -> dict[str, Any]: ...
 
 
 class Monitor:
@@ -27,7 +32,7 @@ class Monitor:
     def __init__(
         self,
         cfg: RunConfig,
-        node: SwarmNode,
+        node: RecordSource,
         store: MonitorStore,
         *,
         poll_interval_s: float = 1.0,
@@ -54,7 +59,7 @@ class Monitor:
         return self
 
     def poll_once(self) -> Summary:
-        raw = self.node.run(self.node.dht_get_dict(progress_key(self.cfg.run_id)), timeout_s=15.0)
+        raw = self.node.get_dict(progress_key(self.cfg.run_id), timeout_s=15.0)
         valid: dict[str, dict[str, Any]] = {}
         for peer, record in raw.items():
             key = hashlib.sha256(str(peer).encode()).hexdigest()[:16]  # a short, stable id of the public key

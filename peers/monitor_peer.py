@@ -28,7 +28,10 @@ def run(args: argparse.Namespace) -> int:
     if isinstance(resolved, int):
         return resolved
     cfg, peers = resolved
-    from collab.swarm import SwarmNode
+    # A reader only: load hivemind's DHT without its package (and torch) to stay small; see reader.py.
+    from collab.swarm.reader import DhtReader, load_dht_modules
+
+    load_dht_modules()
     from collab.swarm.records import make_validators
     from monitor.app import build_app
     from monitor.service import Monitor
@@ -42,13 +45,8 @@ def run(args: argparse.Namespace) -> int:
         return 1
     validators, _ = make_validators(cfg.run_id)
     try:
-        # A reader only: in client mode its DHT node stores and serves nothing for others.
-        node = SwarmNode(
-            initial_peers=peers,
-            host=args.host,
-            client_mode=True,
-            record_validators=validators,
-        )
+        # In client mode the node stores and serves nothing for others.
+        node = DhtReader(peers, record_validators=validators, host=args.host)
     except Exception as e:  # hivemind reports bad addresses and unreachable peers in several ways
         print(f"cannot join the swarm: {e}", file=sys.stderr)
         return 1

@@ -12,11 +12,13 @@ import argparse
 import json
 import math
 import sys
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from collab.config import ConfigError, MethodConfig, RunConfig, with_overrides
-from collab.methods.simulation import SimulationResult, default_comparison, simulate, write_metrics_csv
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+
+if TYPE_CHECKING:  # the simulation (and torch) loads only when a simulation runs
+    from collab.methods.simulation import SimulationResult
 
 _COMPRESSOR_FOR = {"extragradient": "identity", "masha1": "randk", "masha2": "topk"}
 
@@ -125,6 +127,8 @@ def _plot(path: str, results: list[SimulationResult], target: float) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from collab.methods.simulation import default_comparison, simulate, write_metrics_csv
+
     cfg = load_config_or_exit(args.config)
     if cfg is None:
         return EXIT_BAD_INPUT

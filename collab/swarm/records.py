@@ -10,6 +10,7 @@ from __future__ import annotations
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import RecordValidatorBase
+from hivemind.utils.timed_storage import get_dht_time
 from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint
 
 RECORD_VERSION = 1
@@ -42,6 +43,11 @@ class ProgressRecord(BaseModel):
 
 class ProgressSchema(BaseModel):
     progress: dict[BytesWithPublicKey, ProgressRecord | None]
+
+
+def dht_time() -> float:
+    """The DHT's notion of now (seconds): what record timestamps and expirations are measured in."""
+    return float(get_dht_time())
 
 
 def progress_key(run_id: str) -> str:

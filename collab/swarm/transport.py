@@ -24,7 +24,6 @@ from typing import Any, TypeVar
 
 import hivemind
 from hivemind.p2p import PeerID
-from hivemind.utils import get_dht_time
 
 logger = logging.getLogger(__name__)
 
@@ -33,11 +32,6 @@ Header = dict[str, Any]
 Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, bytes]]]
 
 MAX_HEADER_BYTES = 64 * 1024
-
-
-def dht_time() -> float:
-    """The DHT's notion of now (seconds): what record timestamps and expirations are measured in."""
-    return float(get_dht_time())
 
 
 class TransportError(RuntimeError):
@@ -233,6 +227,10 @@ class SwarmNode:
         if found is None or not isinstance(found.value, dict):
             return {}
         return {str(sub): item.value for sub, item in found.value.items()}
+
+    def get_dict(self, key: str, *, timeout_s: float) -> dict[str, Any]:
+        """Blocking :meth:`dht_get_dict`."""
+        return self.run(self.dht_get_dict(key), timeout_s=timeout_s)
 
     def visible_maddrs(self) -> list[str]:
         return [str(a) for a in self.dht.get_visible_maddrs()]

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import subprocess
+import sys
 from pathlib import Path
 
 from tests.conftest import REPO
@@ -56,3 +58,18 @@ def test_only_swarm_imports_hivemind() -> None:
     for folder in ("collab", "peers", "monitor"):
         bad = [line for line in _offending(folder, ("hivemind",)) if not line.startswith("collab/swarm/")]
         assert bad == []
+
+
+def test_monitor_process_imports_no_torch() -> None:
+    """`collab monitor` stays small (issue 5: < 200 MB): its whole import graph leaves torch out."""
+    code = (
+        "import sys\n"
+        "from collab.swarm.reader import load_dht_modules\n"
+        "load_dht_modules()\n"
+        "import peers.cli, peers.monitor_peer, monitor.app, monitor.service, collab.swarm.records\n"
+        "from hivemind.dht.node import DHTNode\n"
+        "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.strip() == "[]"
