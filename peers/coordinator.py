@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit
 
@@ -26,6 +27,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         "--dashboard-port", type=int, help="also run the monitor and its dashboard on this port (0: any)"
     )
     p.add_argument("--db", default="runs/monitor.sqlite", help="the embedded monitor's SQLite history")
+    p.add_argument(
+        "--authority-key",
+        help="invite-only runs: file with the key that signs access tokens "
+        "(default runs/RUN_ID/authority.key, created if missing)",
+    )
+    p.add_argument(
+        "--invite",
+        help="invite-only runs: the invite volunteers pass as --token (default: read from or created in "
+        "runs/RUN_ID/invite.txt)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,6 +54,18 @@ def run(args: argparse.Namespace) -> int:
         print(f"--port/--dashboard-port: cannot listen on {args.host}: {e.strerror}", file=sys.stderr)
         return 1
     validators, _ = make_validators(cfg.run_id)
+    issuer = None
+    if cfg.access == "invite":
+        from collab.swarm.access import Access, AccessDenied, TokenIssuer, load_or_create_key
+
+        try:
+            authority = load_or_create_key(args.authority_key or f"runs/{cfg.run_id}/authority.key")
+            invite = args.invite or _load_or_create_invite(Path(f"runs/{cfg.run_id}/invite.txt"))
+        except (OSError, AccessDenied) as e:
+            print(f"--authority-key/--invite: {e}", file=sys.stderr)
+            sock.close()
+            return 1
+        issuer = TokenIssuer(authority, invite=invite, ttl_s=cfg.access_token_ttl_s)
     try:
         node = SwarmNode(
             initial_peers=args.initial_peers,
@@ -50,6 +73,7 @@ def run(args: argparse.Namespace) -> int:
             port=args.dht_port,
             identity_path=args.identity,
             record_validators=validators,
+            access=Access(issuer.credentials()) if issuer is not None else None,
         )
     except Exception as e:  # hivemind reports bad addresses and unreachable peers in several ways
         print(f"cannot start the DHT peer: {e}", file=sys.stderr)
@@ -74,8 +98,9 @@ def run(args: argparse.Namespace) -> int:
             dashboard_server, _ = serve_in_thread(build_dashboard(monitor), dash_sock)
             dashboard = f"http://{args.host}:{dash_sock.getsockname()[1]}/"
             print(f"dashboard: {dashboard}", flush=True)
-        print(f"volunteers join with: collab join --coordinator {url}", flush=True)
-        serve(build_app(cfg, node.visible_maddrs, dashboard), sock)
+        token = f" --token {issuer.invite}" if issuer is not None else ""
+        print(f"volunteers join with: collab join --coordinator {url}{token}", flush=True)
+        serve(build_app(cfg, node.visible_maddrs, dashboard, issuer), sock)
     finally:
         if dashboard_server is not None:
             dashboard_server.should_exit = True
@@ -85,6 +110,25 @@ def run(args: argparse.Namespace) -> int:
         beacon.close()
         node.shutdown()
     return 0
+
+
+def _load_or_create_invite(path: Path) -> str:
+    """The invite in ``path``, or a new random one written there (mode 0600, atomically)."""
+    if path.exists():
+        invite = path.read_text().strip()
+        if invite:
+            return invite
+    import os
+    import secrets
+
+    invite = secrets.token_urlsafe(18)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(invite + "\n")
+    os.replace(tmp, path)
+    return invite
 
 
 if __name__ == "__main__":

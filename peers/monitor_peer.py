@@ -43,10 +43,19 @@ def run(args: argparse.Namespace) -> int:
     except OSError as e:
         print(f"--port: cannot listen on {args.host}:{args.port}: {e.strerror}", file=sys.stderr)
         return 1
+    from peers.access_client import AccessError, obtain_access
+
     validators, _ = make_validators(cfg.run_id)
     try:
+        access = obtain_access(args, cfg, "monitor")
+    except AccessError as e:
+        print(str(e), file=sys.stderr)
+        sock.close()
+        return 1
+    try:
         # In client mode the node stores and serves nothing for others.
-        node = DhtReader(peers, record_validators=validators, host=args.host)
+        authorizer = access.authorizer if access is not None else None
+        node = DhtReader(peers, record_validators=validators, host=args.host, authorizer=authorizer)
     except Exception as e:  # hivemind reports bad addresses and unreachable peers in several ways
         print(f"cannot join the swarm: {e}", file=sys.stderr)
         return 1

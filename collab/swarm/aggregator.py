@@ -15,6 +15,7 @@ from collab.compression import CompressedMessage, MessageKind
 from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
 from collab.swarm.allreduce import ExactReducer, PeerUnreachable
+from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group, Matchmaker
 from collab.swarm.transport import SwarmNode
 
@@ -33,13 +34,20 @@ class SwarmAggregator(Aggregator):
         device_index: int,
         shared_seed: int,
         config_version: str = "",
+        bans: Bans | None = None,
     ) -> None:
         self.node, self.cfg, self.shared_seed = node, cfg, shared_seed
         self.stats = CommStats()
+        self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self.matchmaker = Matchmaker(
-            node=node, run_id=run_id, cfg=cfg, device_index=device_index, config_version=config_version
+            node=node,
+            run_id=run_id,
+            cfg=cfg,
+            device_index=device_index,
+            config_version=config_version,
+            bans=self.bans,
         )
-        self.reducer = ExactReducer(node=node, cfg=cfg)
+        self.reducer = ExactReducer(node=node, cfg=cfg, bans=self.bans)
         self._last_group: Group | None = None
 
     @property

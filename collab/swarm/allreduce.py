@@ -9,24 +9,36 @@ returns ``average - own_part`` for every sender to add back, so members differ i
 adds anything afterwards: the aggregate is bit-identical on all members, and equal to the in-process
 simulation's when the canonical order matches its device order.
 
+**Validation.** The owner checks every part before averaging it: that it comes from the group member it
+claims to be (the libp2p-authenticated sender), matches the round's layout as the owner computed it
+itself, fits the size a well-formed part can have, parses (kind, lengths, strictly increasing in-range
+indices), holds finite values, and that its norm and weight are not outliers against the group's lower
+median (``max_norm_ratio``). A part that fails is dropped from this part's average, its sender is banned
+(:mod:`collab.swarm.bans`) and told why; the other members get the average of the valid parts, and the
+list of dropped members, in the answer. Members check the reduced parts they receive the same
+deterministic way (everyone receives the same bytes, so everyone decides alike).
+
 Per member and round: about ``(n-1)/n`` of its message is sent and ``(n-1)/n`` of the aggregate received,
-plus the same again as owner - independent of the group size. A missing, malformed or late part fails the
-whole round for everyone (no partial aggregate is ever applied).
+plus the same again as owner - independent of the group size. A missing or late part fails the whole
+round for everyone (no partial aggregate is ever applied).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import signal
 import time
 from dataclasses import dataclass, field
 
 from collab.compression import CompressedMessage, MessageFormatError, weighted_mean
-from collab.compression.partition import assemble, check_part, layout_of, split
+from collab.compression.partition import assemble, bounds, check_part, layout_of, split
+from collab.compression.validate import check_finite, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
+from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError
 
@@ -48,94 +60,182 @@ class PeerUnreachable(RoundFailed):
         self.peer = peer
 
 
-@dataclass
-class _Slot:
-    """Owner-side collection of one part of one group's round."""
+@dataclass(frozen=True)
+class _Params:
+    """The round's layout as this owner computed it from its own message (never from a sender's word)."""
 
     n: int
     layout: str
     numel: int
     count: int | None
     shared_key: tuple[int, int] | None
-    parts: dict[int, tuple[CompressedMessage, float]] = field(default_factory=dict)
-    result: asyncio.Future[bytes] | None = None
+
+    @classmethod
+    def of(cls, header: Header) -> _Params:
+        shared = header.get("shared_key")
+        return cls(
+            n=int(header["n"]),
+            layout=str(header["layout"]),
+            numel=int(header["numel"]),
+            count=None if header.get("count") is None else int(header["count"]),
+            shared_key=None if shared is None else (int(shared[0]), int(shared[1])),
+        )
+
+    def entries(self, j: int) -> int:
+        total = self.count if self.layout == "shared" else self.numel
+        lo, hi = bounds(total or 0, self.n)[j]
+        return hi - lo
+
+
+@dataclass
+class _Slot:
+    """Owner-side collection of one part of one group's round."""
+
+    group: Group | None = None  # set when this member's own reduce() starts
+    params: _Params | None = None
+    me: int = -1
+    received: dict[tuple[int, str], tuple[Header, bytes]] = field(default_factory=dict)  # (sender, remote)
+    refused: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
+    conflicts: dict[int, str] = field(default_factory=dict)
+    own: tuple[CompressedMessage, float] | None = None
+    result: asyncio.Future[tuple[bytes, dict[int, str]]] | None = None
     created: float = field(default_factory=time.monotonic)
 
 
 class ExactReducer:
-    """Serves ``collab.part`` and runs the member side of :meth:`reduce`."""
+    """Serves ``collab.part`` and runs the member side of :meth:`reduce`.
 
-    def __init__(self, *, node: SwarmNode, cfg: SwarmConfig) -> None:
+    Args:
+        node: this peer's node.
+        cfg: the run's swarm section (timeouts, ``max_norm_ratio``).
+        bans: where offenders go (default: a private list with ``cfg.ban_duration_s``).
+    """
+
+    def __init__(self, *, node: SwarmNode, cfg: SwarmConfig, bans: Bans | None = None) -> None:
         self.node, self.cfg = node, cfg
+        self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self._slots: dict[tuple[str, int], _Slot] = {}
-        node.serve(PART, self._handle_part)
+        self.last_excluded: dict[str, str] = {}  # peer -> reason, for the latest completed round
+        node.serve(PART, self._handle_part, on_refused=self._on_refused)
 
-    def _slot(self, group_id: str, j: int, header: Header) -> _Slot:
+    def _slot(self, group_id: str, j: int) -> _Slot:
         key = (group_id, j)
         slot = self._slots.get(key)
         if slot is None:
-            shared = header.get("shared_key")
-            slot = _Slot(
-                n=int(header["n"]),
-                layout=str(header["layout"]),
-                numel=int(header["numel"]),
-                count=None if header.get("count") is None else int(header["count"]),
-                shared_key=None if shared is None else (int(shared[0]), int(shared[1])),
-            )
+            slot = self._slots[key] = _Slot()
             slot.result = asyncio.get_running_loop().create_future()
-            self._slots[key] = slot
             horizon = time.monotonic() - 4 * self.cfg.allreduce_timeout_s
             for old in [k for k, s in self._slots.items() if s.created < horizon]:
                 self._slots.pop(old, None)
-        elif (slot.n, slot.layout, slot.numel, slot.count) != (
-            int(header["n"]),
-            str(header["layout"]),
-            int(header["numel"]),
-            None if header.get("count") is None else int(header["count"]),
-        ):
-            raise ValueError("part does not match the round's layout")
         return slot
 
-    def _add(self, slot: _Slot, sender: int, part: CompressedMessage, weight: float, j: int) -> None:
-        if not 0 <= sender < slot.n:
-            raise ValueError(f"unexpected sender {sender}")
-        if sender in slot.parts:  # a retried call: the same part again is fine, a different one is not
-            old, old_weight = slot.parts[sender]
-            if old.to_bytes() != part.to_bytes() or old_weight != weight:
-                raise ValueError(f"sender {sender} sent two different parts")
-            return
-        check_part(part, layout=slot.layout, numel=slot.numel, n=slot.n, j=j, count=slot.count)
-        if not weight > 0:
-            raise ValueError("weight must be positive")
-        slot.parts[sender] = (part, weight)
-        if len(slot.parts) == slot.n and slot.result is not None and not slot.result.done():
-            ordered = [slot.parts[i] for i in range(slot.n)]
-            mean = weighted_mean([p for p, _ in ordered], [w for _, w in ordered])
-            slot.result.set_result(mean.to_bytes())
+    @staticmethod
+    def _is_member(group: Group, i: int, remote: str) -> bool:
+        return 0 <= i < len(group) and group.peers[i] == remote
 
-    async def _await_result(self, slot: _Slot) -> bytes:
-        assert slot.result is not None
+    def _on_refused(self, header: Header, reason: str, remote: str) -> None:
+        """The transport refused a part before reading it (oversized): drop that sender from the round."""
         try:
-            return await asyncio.wait_for(asyncio.shield(slot.result), self.cfg.allreduce_timeout_s)
-        except TimeoutError:
-            if not slot.result.done():
-                slot.result.set_exception(RoundFailed(f"parts missing: got {sorted(slot.parts)} of {slot.n}"))
-                slot.result.exception()
-            raise RoundFailed(f"parts missing: got {sorted(slot.parts)} of {slot.n}") from None
+            slot = self._slot(str(header["group_id"]), int(header["part"]))
+            slot.refused[(int(header["sender"]), remote)] = reason
+        except (KeyError, TypeError, ValueError):
+            return
+        self._maybe_finish(slot)
 
     async def _handle_part(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
         group_id, j, sender = str(header["group_id"]), int(header["part"]), int(header["sender"])
         if FAIL_AT is not None and header.get("round") == FAIL_AT:
             await asyncio.sleep(3600)  # fault injection: this peer is about to die; never answer
-        slot = self._slot(group_id, j, header)
-        if slot.shared_key is not None and header.get("shared_key") != list(slot.shared_key):
-            raise ValueError("members used different shared coordinates")
+        slot = self._slot(group_id, j)
+        if slot.group is not None and not self._is_member(slot.group, sender, remote):
+            raise ValueError("sender is not that member of the group")
+        old = slot.received.get((sender, remote))
+        if old is None:
+            slot.received[(sender, remote)] = (header, payload)
+        elif (old[0].get("weight"), old[1]) != (header.get("weight"), payload):
+            slot.conflicts[sender] = "sent two different parts"
+        self._maybe_finish(slot)
+        result, excluded = await self._await_result(slot)
+        if sender in excluded:
+            raise ValueError(f"contribution rejected: {excluded[sender]}")
+        return {"ok": True, "excluded": {str(i): r for i, r in excluded.items()}}, result
+
+    def _check(self, slot: _Slot, i: int) -> tuple[CompressedMessage, float]:
+        """Member ``i``'s part, validated; raises ``ValueError`` with the reason it is rejected."""
+        assert slot.group is not None and slot.params is not None
+        peer = slot.group.peers[i]
+        if self.bans.is_banned(peer):
+            raise ValueError("banned")
+        if i in slot.conflicts:
+            raise ValueError(slot.conflicts[i])
+        if (i, peer) in slot.refused:
+            raise ValueError(slot.refused[(i, peer)])
+        header, payload = slot.received[(i, peer)]
+        try:
+            if _Params.of(header) != slot.params:
+                raise ValueError("part does not match the round's layout")
+            weight = float(header["weight"])
+        except (KeyError, TypeError, ValueError, IndexError):
+            raise ValueError("part does not match the round's layout") from None
+        if not (math.isfinite(weight) and weight > 0):
+            raise ValueError(f"invalid weight {weight!r}")
+        limit = max_part_bytes(slot.params.entries(slot.me))
+        if len(payload) > limit:
+            raise ValueError(f"oversized part: {len(payload)} bytes, a valid one has at most {limit}")
         try:
             part = CompressedMessage.from_bytes(payload)
         except MessageFormatError as e:
-            raise ValueError(f"malformed part from {remote[-6:]}: {e}") from None
-        self._add(slot, sender, part, float(header["weight"]), j)
-        return {"ok": True}, await self._await_result(slot)
+            raise ValueError(f"malformed part: {e}") from None
+        p = slot.params
+        check_part(part, layout=p.layout, numel=p.numel, n=p.n, j=slot.me, count=p.count)
+        check_finite(part)
+        return part, weight
+
+    def _maybe_finish(self, slot: _Slot) -> None:
+        """Average once every member's part is in (or refused): validate, drop and ban offenders."""
+        if slot.group is None or slot.params is None or slot.own is None or slot.result is None:
+            return
+        if slot.result.done():
+            return
+        n, me = len(slot.group), slot.me
+        group = slot.group
+        present = {i for i, remote in [*slot.received, *slot.refused] if self._is_member(group, i, remote)}
+        if len(present | {me}) < n:
+            return
+        valid: dict[int, tuple[CompressedMessage, float]] = {me: slot.own}
+        excluded: dict[int, str] = {}
+        for i in range(n):
+            if i == me:
+                continue
+            try:
+                valid[i] = self._check(slot, i)
+            except ValueError as e:
+                excluded[i] = str(e)
+        ratio = self.cfg.max_norm_ratio
+        for i, why in outliers({i: norm_of(m) for i, (m, _) in valid.items()}, ratio, trusted=me).items():
+            excluded[i] = f"norm {why}"
+        for i, why in outliers({i: w for i, (_, w) in valid.items()}, ratio, trusted=me).items():
+            excluded.setdefault(i, f"weight {why}")
+        for i, why in excluded.items():
+            valid.pop(i, None)
+            if why != "banned":
+                self.bans.ban(slot.group.peers[i], why, slot.group.round_id)
+        ordered = [valid[i] for i in sorted(valid)]
+        mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
+        slot.result.set_result((mean.to_bytes(), excluded))
+
+    async def _await_result(self, slot: _Slot) -> tuple[bytes, dict[int, str]]:
+        assert slot.result is not None
+        try:
+            return await asyncio.wait_for(asyncio.shield(slot.result), self.cfg.allreduce_timeout_s)
+        except TimeoutError:
+            have = sorted({i for i, _ in slot.received})
+            if not slot.result.done():
+                slot.result.set_exception(
+                    RoundFailed(f"parts missing: got {have} of {len(slot.group or ())}")
+                )
+                slot.result.exception()
+            raise RoundFailed(f"parts missing: got {have}") from None
 
     async def reduce(
         self, group: Group, message: CompressedMessage, weight: float, layout: str | None = None
@@ -159,15 +259,21 @@ class ExactReducer:
             "weight": weight,
             "round": group.round_id,
         }
-        own = self._slot(group.group_id, me, header)
-        self._add(own, me, parts[me], weight, me)
+        own = self._slot(group.group_id, me)
+        own.group, own.me, own.params = group, me, _Params.of(header)
+        own.own = (parts[me], weight)
+        for i, remote in list(own.received):  # parts that came before we knew the group
+            if not self._is_member(group, i, remote):
+                own.received.pop((i, remote))
+        self._maybe_finish(own)
 
-        async def fetch(j: int) -> bytes:
+        async def fetch(j: int) -> tuple[bytes, dict[str, str]]:
             if j == me:
-                return await self._await_result(own)
+                result, mine = await self._await_result(own)
+                return result, {str(i): r for i, r in mine.items()}
             peer = group.peers[j]
             try:
-                _, reduced = await self.node.call(
+                answer, reduced = await self.node.call(
                     peer,
                     PART,
                     {**header, "part": j},
@@ -178,7 +284,10 @@ class ExactReducer:
                 raise RoundFailed(f"part {j}: {e}") from None
             except TransportError as e:
                 raise PeerUnreachable(peer, f"part {j} from {peer[-6:]}: {e}") from None
-            return reduced
+            dropped = answer.get("excluded")
+            return reduced, (
+                {str(k): str(v) for k, v in dropped.items()} if isinstance(dropped, dict) else {}
+            )
 
         tasks = [asyncio.ensure_future(fetch(j)) for j in range(n)]
         if FAIL_AT is not None and group.round_id == FAIL_AT:
@@ -186,13 +295,26 @@ class ExactReducer:
             logger.warning("fault injection: killing this peer in the middle of round %s", group.round_id)
             os.killpg(os.getpgrp(), signal.SIGKILL)
         try:
-            reduced = await asyncio.gather(*tasks)
+            answers = await asyncio.gather(*tasks)
         except BaseException:
             for t in tasks:
                 t.cancel()
             raise
-        try:
-            reduced_parts = [CompressedMessage.from_bytes(b) for b in reduced]
-        except MessageFormatError as e:
-            raise RoundFailed(f"malformed reduced part: {e}") from None
+        reduced_parts = []
+        for j, (blob, _) in enumerate(answers):
+            # Everyone receives these same bytes, so everyone takes the same decision on them.
+            try:
+                part = CompressedMessage.from_bytes(blob)
+                check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])
+                check_finite(part)
+            except (MessageFormatError, ValueError) as e:
+                self.bans.ban(group.peers[j], f"invalid reduced part: {e}", group.round_id)
+                raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is invalid: {e}") from None
+            reduced_parts.append(part)
+        self.last_excluded = {
+            group.peers[int(i)]: str(r)
+            for _, excluded in answers
+            for i, r in excluded.items()
+            if str(i).isdigit() and int(i) < n
+        }
         return assemble(reduced_parts, layout=layout, numel=message.numel, template=message)

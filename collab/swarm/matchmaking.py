@@ -13,7 +13,8 @@ Protocol (one round):
 
 A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
 gets ``closed`` and its round fails (it is late and will resynchronize). A group below
-``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped.
+``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped; banned
+peers (:mod:`collab.swarm.bans`) are skipped too, and refused when they ask to join.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from hivemind.utils import get_dht_time
 
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
+from collab.swarm.bans import Bans
 from collab.swarm.transport import Header, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
@@ -76,9 +78,17 @@ class Matchmaker:
     """Runs on the node's event loop; ``form_group(round_id)`` returns the round's :class:`Group`."""
 
     def __init__(
-        self, *, node: SwarmNode, run_id: str, cfg: SwarmConfig, device_index: int, config_version: str = ""
+        self,
+        *,
+        node: SwarmNode,
+        run_id: str,
+        cfg: SwarmConfig,
+        device_index: int,
+        config_version: str = "",
+        bans: Bans | None = None,
     ) -> None:
         self.node, self.run_id, self.cfg, self.device_index = node, run_id, cfg, device_index
+        self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self.config_version = config_version
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
@@ -92,8 +102,9 @@ class Matchmaker:
             self._suspects[peer_key] = time.monotonic() + self.cfg.suspect_ttl_s
 
     def is_suspect(self, peer_key: str) -> bool:
+        """Suspected (a failed call) or banned (an invalid contribution): not a leader or member for us."""
         until = self._suspects.get(peer_key)
-        return until is not None and until > time.monotonic()
+        return (until is not None and until > time.monotonic()) or self.bans.is_banned(peer_key)
 
     def _round(self, round_id: str) -> _Round:
         r = self._rounds.get(round_id)
@@ -220,6 +231,8 @@ class Matchmaker:
         device_index = int(header["device_index"])
         if header.get("version") != self.config_version:
             return {"status": "config_mismatch", "version": self.config_version}, b""
+        if self.bans.is_banned(remote):
+            return {"status": "banned"}, b""
         r = self._round(round_id)
         if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
             return {"status": "closed"}, b""

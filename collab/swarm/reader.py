@@ -84,6 +84,7 @@ class DhtReader:
         record_validators: hivemind record validators (signatures, schema); records failing them are dropped.
         host: address the local ``p2pd`` listens on (client mode: it accepts no inbound DHT traffic).
         start_timeout_s: how long joining the DHT may take.
+        authorizer: for invite-only runs, a :class:`~collab.swarm.access.SwarmAuthorizer`.
 
     Example::
 
@@ -99,6 +100,7 @@ class DhtReader:
         record_validators: Sequence[Any] = (),
         host: str = "127.0.0.1",
         start_timeout_s: float = 60.0,
+        authorizer: Any = None,
     ) -> None:
         load_dht_modules()
         from hivemind.dht.node import DHTNode
@@ -114,6 +116,7 @@ class DhtReader:
                     initial_peers=list(initial_peers),
                     client_mode=True,
                     record_validator=validator,
+                    authorizer=authorizer,
                     host_maddrs=[f"/ip4/{host}/tcp/0"],
                     ensure_bootstrap_success=True,
                 ),

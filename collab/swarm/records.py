@@ -41,8 +41,31 @@ class ProgressRecord(BaseModel):
         extra = "forbid"
 
 
+class BanEntry(BaseModel):
+    peer: StrictStr  # the banned peer's key
+    reason: StrictStr
+    round_id: StrictStr
+    time: StrictFloat
+    until: StrictFloat
+
+    class Config:
+        extra = "forbid"
+
+
+class BanReport(BaseModel):
+    """The bans one peer currently holds (key ``{run_id}_bans``, subkey: the reporter's public key)."""
+
+    name: StrictStr
+    bans: list[BanEntry]
+    time: StrictFloat
+
+    class Config:
+        extra = "forbid"
+
+
 class ProgressSchema(BaseModel):
     progress: dict[BytesWithPublicKey, ProgressRecord | None]
+    bans: dict[BytesWithPublicKey, BanReport | None]
 
 
 def dht_time() -> float:
@@ -52,6 +75,10 @@ def dht_time() -> float:
 
 def progress_key(run_id: str) -> str:
     return f"{run_id}_progress"
+
+
+def bans_key(run_id: str) -> str:
+    return f"{run_id}_bans"
 
 
 def make_validators(run_id: str) -> tuple[list[RecordValidatorBase], RSASignatureValidator]:

@@ -25,6 +25,8 @@ from typing import Any, TypeVar
 import hivemind
 from hivemind.p2p import PeerID
 
+from collab.swarm.access import Access, AccessDenied
+
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
@@ -46,14 +48,19 @@ class _BrokenOff(TransportError):
     """The stream closed before a single byte of the answer: safe to retry an idempotent call."""
 
 
-async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, bytes, int]:
+async def _read_header(reader: asyncio.StreamReader) -> tuple[Header, int, int]:
+    """A frame's header, the header's length and the payload's length (the payload is not read yet)."""
     head_len = int.from_bytes(await reader.readexactly(4), "little")
     if head_len > MAX_HEADER_BYTES:
         raise TransportError(f"frame header of {head_len} bytes exceeds {MAX_HEADER_BYTES}")
     header = json.loads(await reader.readexactly(head_len))
     if not isinstance(header, dict):
         raise TransportError("frame header is not a JSON object")
-    size = int.from_bytes(await reader.readexactly(8), "little")
+    return header, head_len, int.from_bytes(await reader.readexactly(8), "little")
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, bytes, int]:
+    header, head_len, size = await _read_header(reader)
     if size > max_payload:
         raise TransportError(f"payload of {size} bytes exceeds the limit of {max_payload}")
     payload = await reader.readexactly(size) if size else b""
@@ -87,19 +94,25 @@ class SwarmNode:
         max_message_bytes: int = 512 * 1024**2,
         start_timeout_s: float = 60.0,
         record_validators: Sequence[Any] = (),
+        access: Access | None = None,
+        ensure_bootstrap_success: bool = True,
     ) -> None:
         self.max_message_bytes = max_message_bytes
+        self.access = access
         self._spawned: set[Any] = set()
         self.bytes_sent = 0
         self.bytes_received = 0
         kwargs: dict[str, Any] = {}
         if identity_path:
             kwargs["identity_path"] = identity_path
+        if access is not None:  # every DHT request signed with our token, every incoming one checked
+            kwargs["authorizer"] = access.authorizer
         self.dht = hivemind.DHT(
             initial_peers=list(initial_peers),
             host_maddrs=[f"/ip4/{host}/tcp/{port}"],
             client_mode=client_mode,
             record_validators=list(record_validators),
+            ensure_bootstrap_success=ensure_bootstrap_success,
             start=True,
             await_ready=True,
             **kwargs,
@@ -114,6 +127,8 @@ class SwarmNode:
             raise
         self.peer_id: PeerID = self.p2p.peer_id
         self.peer_key: str = self.peer_id.to_base58()
+        self._signer = access.signer() if access is not None else None
+        self._verifier = access.verifier(self.peer_key) if access is not None else None
         self._closed = False
 
     # ---- running coroutines from synchronous code -------------------------------------------------
@@ -133,19 +148,56 @@ class SwarmNode:
         fut.add_done_callback(self._spawned.discard)
 
     # ---- calls ------------------------------------------------------------------------------------
-    def serve(self, name: str, handler: Handler) -> None:
-        """Answer calls named ``name`` with ``handler(header, payload, remote_peer_key)``."""
+    def serve(
+        self,
+        name: str,
+        handler: Handler,
+        *,
+        max_payload: int | None = None,
+        on_refused: Callable[[Header, str, str], None] | None = None,
+    ) -> None:
+        """Answer calls named ``name`` with ``handler(header, payload, remote_peer_key)``.
+
+        In an invite-only run the caller's token and signature are checked first (a call without a valid
+        one is answered with an error and never reaches the handler). A payload over ``max_payload``
+        (default: the node's limit) is refused before it is read; ``on_refused(header, reason, remote)``
+        hears of it (the averaging uses that to drop the sender's contribution).
+        """
+        limit = self.max_message_bytes if max_payload is None else min(max_payload, self.max_message_bytes)
 
         async def on_stream(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             remote = info.peer_id.to_base58()
             try:
-                header, payload, n = await _read_frame(reader, self.max_message_bytes)
-                self.bytes_received += n
-                try:
-                    out_header, out_payload = await handler(header, payload, remote)
-                except Exception as e:  # a bad request is the caller's problem: answer, keep serving
-                    logger.debug("%s: handler %s failed for %s: %s", self.peer_key[-6:], name, remote[-6:], e)
-                    out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
+                header, head_len, size = await _read_header(reader)
+                self.bytes_received += 12 + head_len
+                refusal = None
+                if self._verifier is not None:
+                    try:
+                        self._verifier.precheck(header)
+                    except AccessDenied as e:
+                        refusal = f"unauthorized: {e}"
+                if refusal is None and size > limit:
+                    refusal = f"payload of {size} bytes exceeds the limit of {limit}"
+                    if on_refused is not None:
+                        on_refused(header, refusal, remote)
+                if refusal is not None:
+                    logger.info("%s: refused %s from %s: %s", self.peer_key[-6:], name, remote[-6:], refusal)
+                    out_header, out_payload = {"error": refusal}, b""
+                else:
+                    payload = await reader.readexactly(size) if size else b""
+                    self.bytes_received += size
+                    try:
+                        if self._verifier is not None:
+                            self._verifier.verify(name, header, payload)
+                            header = {k: v for k, v in header.items() if k != "auth"}
+                        out_header, out_payload = await handler(header, payload, remote)
+                    except AccessDenied as e:
+                        out_header, out_payload = {"error": f"unauthorized: {e}"}, b""
+                    except Exception as e:  # a bad request is the caller's problem: answer, keep serving
+                        logger.debug(
+                            "%s: handler %s failed for %s: %s", self.peer_key[-6:], name, remote[-6:], e
+                        )
+                        out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
                 frame = _encode_frame(out_header, out_payload)
                 writer.write(frame)
                 await writer.drain()
@@ -197,6 +249,8 @@ class SwarmNode:
         except Exception as e:  # p2pd reports unreachable peers with several exception types
             raise TransportError(f"cannot reach {peer_key[-6:]} for {name}: {e}") from None
         try:
+            if self._signer is not None:
+                header = self._signer.sign(name, peer_key, header, payload)
             frame = _encode_frame(header, payload)
             writer.write(frame)
             await writer.drain()

@@ -27,6 +27,7 @@ from collab.config import RunConfig
 from collab.methods.base import Method, MethodState, RoundFailed
 from collab.methods.build import build_method
 from collab.swarm.aggregator import SwarmAggregator
+from collab.swarm.bans import BanEvent
 from collab.swarm.transport import Header, SwarmNode, TransportError
 from collab.tasks.build import build_task
 
@@ -71,6 +72,7 @@ class Volunteer:
         self.method: Method = build_method(
             cfg, self.task, self.aggregator, [device_index], device_keys=[node.peer_key]
         )
+        self.aggregator.bans.on_ban = self._on_ban
         self.stop_event = threading.Event()
         self.status = "starting"
         self.signer, self.device, self.client_mode = signer, device, client_mode
@@ -99,6 +101,25 @@ class Volunteer:
         if self.on_step is not None and "event" not in record:
             self.on_step(record)
 
+    def _on_ban(self, event: BanEvent) -> None:
+        """Log a ban and publish this peer's current bans (signed) for the monitor."""
+        self._emit(event="ban", step=self.step, banned=event.peer, reason=event.reason, round=event.round_id)
+        if self.signer is None:
+            return
+        from collab.swarm.records import BanEntry, BanReport, bans_key
+
+        entries = [
+            BanEntry(peer=e.peer, reason=e.reason[:200], round_id=e.round_id, time=e.time, until=e.until)
+            for e in self.aggregator.bans.active()
+        ]
+        report = BanReport(name=self.name, bans=entries, time=float(get_dht_time()))
+        expiration = get_dht_time() + self.cfg.swarm.ban_duration_s
+        self.node.spawn(
+            self.node.dht_store(
+                bans_key(self.cfg.run_id), self.signer.local_public_key, report.dict(), expiration
+            )
+        )
+
     def _heartbeat_loop(self) -> None:
         cfg = self.cfg.swarm
         while not self._beat_stop.is_set():
@@ -123,6 +144,8 @@ class Volunteer:
 
     # ---- state sync --------------------------------------------------------------------------------
     async def _handle_state(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+        if self.aggregator.bans.is_banned(remote):
+            raise PermissionError("banned from this run")
         state = self.method.state
         if state is None:
             raise RuntimeError("no state yet")
