@@ -15,8 +15,9 @@ itself, fits the size a well-formed part can have, parses (kind, lengths, strict
 indices), holds finite values, and that its norm and weight are not outliers against the group's lower
 median (``max_norm_ratio``). A part that fails is dropped from this part's average, its sender is banned
 (:mod:`collab.swarm.bans`) and told why; the other members get the average of the valid parts, and the
-list of dropped members, in the answer. Members check the reduced parts they receive the same
-deterministic way (everyone receives the same bytes, so everyone decides alike).
+list of dropped members, in the answer. Members check the reduced parts they receive in a deterministic
+way (everyone receives the same bytes, so everyone decides alike): well-formed, finite, and an RMS within
+``max_norm_ratio**2`` of the other parts' lower median; a bad one fails the round and bans its owner.
 
 Per member and round: about ``(n-1)/n`` of its message is sent and ``(n-1)/n`` of the aggregate received,
 plus the same again as owner - independent of the group size. A missing or late part fails the whole
@@ -311,6 +312,12 @@ class ExactReducer:
                 self.bans.ban(group.peers[j], f"invalid reduced part: {e}", group.round_id)
                 raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is invalid: {e}") from None
             reduced_parts.append(part)
+        # An owner could inflate its part of the aggregate: compare the parts' RMS (same bytes everywhere,
+        # so the same verdict everywhere), with a wide margin since parts cover different coordinates.
+        rms = {j: norm_of(p) / math.sqrt(max(1, p.count)) for j, p in enumerate(reduced_parts)}
+        for j, why in outliers(rms, self.cfg.max_norm_ratio**2).items():
+            self.bans.ban(group.peers[j], f"inflated reduced part: RMS {why}", group.round_id)
+            raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is inflated: RMS {why}")
         self.last_excluded = {
             group.peers[int(i)]: str(r)
             for _, excluded in answers

@@ -67,6 +67,17 @@ async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[H
     return header, payload, 12 + head_len + size
 
 
+_DRAIN_FACTOR = 8
+
+
+async def _discard(reader: asyncio.StreamReader, size: int) -> None:
+    while size > 0:
+        chunk = await reader.read(min(size, 1 << 20))
+        if not chunk:
+            return
+        size -= len(chunk)
+
+
 def _encode_frame(header: Header, payload: bytes) -> bytes:
     head = json.dumps(header, separators=(",", ":")).encode()
     return len(head).to_bytes(4, "little") + head + len(payload).to_bytes(8, "little") + payload
@@ -182,6 +193,8 @@ class SwarmNode:
                         on_refused(header, refusal, remote)
                 if refusal is not None:
                     logger.info("%s: refused %s from %s: %s", self.peer_key[-6:], name, remote[-6:], refusal)
+                    if size <= _DRAIN_FACTOR * limit:  # read and drop it: the stream stays healthy
+                        await _discard(reader, size)
                     out_header, out_payload = {"error": refusal}, b""
                 else:
                     payload = await reader.readexactly(size) if size else b""

@@ -91,11 +91,14 @@ class Swarm:
         *,
         env: dict[str, str] | None = None,
         max_steps: int | None = None,
+        launcher: list[str] | None = None,
     ) -> Peer:
+        """Start ``collab join`` (or ``launcher`` with the same arguments) for ``device_index``."""
         n = len(self.peers)
         log, err = self.tmp / f"peer{n}.jsonl", self.tmp / f"peer{n}.err"
         cmd = [
-            *COLLAB, "--log-level", "INFO", "join", "--config", str(config), "--initial-peers", self.maddr,
+            *(launcher or COLLAB), "--log-level", "INFO", "join",
+            "--config", str(config), "--initial-peers", self.maddr,
             "--device-index", str(device_index), "--log-file", str(log), "--json", "--linger", "3",
         ]  # fmt: skip
         if max_steps is not None:

@@ -1,0 +1,78 @@
+"""Hostile peers: NaNs, 1e6-times values, an out-of-range index, an oversized message.
+
+Three honest volunteers (devices 0-2) train the bilinear problem with MASHA1 and per-device Rand-k
+(sparse parts, so indices travel); four malicious volunteers join the same run, one per attack, each
+claiming an honest device's shard. Every honest part owner checks the parts it receives, drops the bad
+ones and bans their senders; the round in which that happens may fail (a malicious owner's share of
+the aggregate is bad too) and is redone without them. The honest peers must end with identical states
+at every step, converge, and have banned each attacker for the right reason.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+
+from tests.integration.swarm_harness import Swarm
+
+STEPS = 120
+ATTACKS = {"nan": "non-finite", "scale": "norm", "index": "indices", "oversize": "exceeds the limit"}
+
+CONFIG = {
+    "run_id": "hostile",
+    "seed": 11,
+    "num_devices": 3,
+    "max_steps": STEPS,
+    "target_rel_distance": 1.0e-6,
+    "task": {"name": "bilinear", "dim": 40, "reg_lambda": 0.5},
+    "method": {
+        "name": "masha1",
+        "gamma": 0.2,
+        "tau": 0.7,
+        "device_compressor": {"name": "randk", "ratio": 0.5, "coordinates": "per_device"},
+    },
+    "swarm": {
+        "min_group_size": 2,
+        "min_matchmaking_time_s": 1.0,
+        "matchmaking_timeout_s": 6.0,
+        "allreduce_timeout_s": 4.0,
+        "heartbeat_interval_s": 0.5,
+        "heartbeat_ttl_s": 2.0,
+        "max_message_bytes": 1024 * 1024,
+        "ban_duration_s": 600.0,
+    },
+}
+
+
+@pytest.mark.timeout(300)
+def test_malicious_peers_are_dropped_and_banned(swarm: Swarm) -> None:
+    path = swarm.write_config(CONFIG)
+    honest = [swarm.start(path, i) for i in range(3)]
+    launcher = [sys.executable, "-m", "tests.integration.malicious_peer"]
+    hostile = {mode: swarm.start(path, i % 3, launcher=[*launcher, mode]) for i, mode in enumerate(ATTACKS)}
+    summaries = [swarm.finish(p, timeout_s=240) for p in honest]
+
+    # Identical state at the end and at every step any two honest peers both logged.
+    assert len({s["hash"] for s in summaries}) == 1, summaries
+    by_step: dict[int, set[str]] = {}
+    for p in honest:
+        steps = [r["step"] for r in p.records() if "event" not in r]
+        assert steps == sorted(set(steps)), f"peer {p.index}: a step applied twice"
+        for step, h in p.steps().items():
+            by_step.setdefault(step, set()).add(h)
+    assert all(len(h) == 1 for h in by_step.values()), "honest states diverged"
+    assert all(s["step"] == STEPS for s in summaries)
+    assert summaries[0]["metric"] < CONFIG["target_rel_distance"], f"did not converge: {summaries[0]}"
+
+    # Every attacker was banned by the honest peers, for what it did.
+    keys = {}
+    for mode, peer in hostile.items():
+        line = next(x for x in peer.err.read_text().splitlines() if ": peer " in x)
+        keys[mode] = line.split(": peer ", 1)[1].split(",", 1)[0]
+    bans = [r for p in honest for r in p.records() if r.get("event") == "ban"]
+    for mode, reason in ATTACKS.items():
+        mine = [b for b in bans if b["banned"] == keys[mode]]
+        assert mine, f"the {mode} attacker was never banned; bans: {bans}"
+        assert any(reason in b["reason"] for b in mine), f"{mode}: {[b['reason'] for b in mine]}"
+    assert not any(b["banned"] in {s["peer"] for s in summaries} for b in bans), "an honest peer was banned"
