@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import COLLAB
-from tests.integration.swarm_harness import group_alive, p2pd_pids
+from tests.integration.swarm_harness import group_alive, owned, p2pd_pids
 
 
 class Roles:
@@ -80,12 +80,13 @@ def roles(tmp_path: Path) -> Iterator[Roles]:
                 os.killpg(proc.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 proc.wait(timeout=10)
+        sessions = {p.pid for p in r.procs}  # each role leads its own session; other test runs are not ours
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (
-            p2pd_pids() - before or any(group_alive(p.pid) for p in r.procs)
+            owned(p2pd_pids() - before, sessions) or any(group_alive(p.pid) for p in r.procs)
         ):
             time.sleep(0.1)
-        left = p2pd_pids() - before
+        left = owned(p2pd_pids() - before, sessions)
         for pid in left:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
