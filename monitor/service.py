@@ -13,7 +13,7 @@ import time
 from typing import Any, Protocol
 
 from collab.config import RunConfig
-from collab.swarm.records import dht_time, progress_key
+from collab.swarm.records import bans_key, dht_time, progress_key
 from monitor.aggregate import BadRecord, Summary, summarize, validate_record
 from monitor.store import MonitorStore
 
@@ -80,11 +80,25 @@ class Monitor:
         )
         for peer, record in valid.items():
             self.store.upsert_contributor(peer, record)
+        self._poll_bans()
         if summary.global_step and summary.time > self._last_time:
             self.store.add_summary(summary)
             self._last_time = summary.time
         self.latest, self.peers = summary, valid
         return summary
+
+    def _poll_bans(self) -> None:
+        """Store the ban events peers report (signed records: a peer reports only its own bans)."""
+        for reporter, report in self.node.get_dict(bans_key(self.cfg.run_id), timeout_s=15.0).items():
+            if not isinstance(report, dict) or not isinstance(report.get("bans"), list):
+                continue
+            key = hashlib.sha256(str(reporter).encode()).hexdigest()[:16]
+            for ban in report["bans"]:
+                try:
+                    if self.store.add_ban(key, str(report.get("name", "?")), ban):
+                        logger.info("monitor: %s banned %s: %s", report.get("name"), ban["peer"], ban)
+                except (KeyError, TypeError, ValueError) as e:
+                    logger.info("monitor: ignored a malformed ban report from %s: %s", key, e)
 
     def _loop(self) -> None:
         while not self._stop.is_set():

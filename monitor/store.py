@@ -1,4 +1,4 @@
-"""The monitor's history in SQLite: summaries over time, per-contributor totals, rejected records.
+"""The monitor's history in SQLite: summaries over time, per-contributor totals, rejected records, bans.
 
 Survives restarts: a new :class:`MonitorStore` on the same file sees everything written before. Writes
 are in transactions (WAL journal), so a crash never leaves a half-written row.
@@ -26,6 +26,10 @@ CREATE TABLE IF NOT EXISTS contributors (
     samples INTEGER NOT NULL, steps INTEGER NOT NULL, first_seen REAL NOT NULL, last_seen REAL NOT NULL
 );
 CREATE TABLE IF NOT EXISTS rejected (time REAL NOT NULL, peer TEXT, reason TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS bans (
+    reporter TEXT NOT NULL, reporter_name TEXT NOT NULL, peer TEXT NOT NULL, reason TEXT NOT NULL,
+    round_id TEXT NOT NULL, time REAL NOT NULL, until REAL NOT NULL, PRIMARY KEY (reporter, peer, time)
+);
 """
 
 
@@ -70,6 +74,29 @@ class MonitorStore:
     def reject(self, time: float, peer: str | None, reason: str) -> None:
         with self._lock, self._db:
             self._db.execute("INSERT INTO rejected VALUES (?,?,?)", (time, peer, reason[:500]))
+
+    def add_ban(self, reporter: str, reporter_name: str, ban: dict[str, Any]) -> bool:
+        """Record one ban event a peer reported (the same event twice is stored once); True if new."""
+        with self._lock, self._db:
+            cur = self._db.execute(
+                "INSERT OR IGNORE INTO bans VALUES (?,?,?,?,?,?,?)",
+                (
+                    reporter, reporter_name[:64], str(ban["peer"])[:128], str(ban["reason"])[:300],
+                    str(ban["round_id"])[:32], float(ban["time"]), float(ban["until"]),
+                ),
+            )  # fmt: skip
+            return cur.rowcount > 0
+
+    def bans(self, limit: int = 200) -> list[dict[str, Any]]:
+        """Ban events, newest first: who reported whom, why, and until when."""
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM bans ORDER BY time DESC LIMIT ?", (limit,)).fetchall()
+        return [dict(r) for r in rows]
+
+    def banned_peers(self, now: float) -> int:
+        with self._lock:
+            row = self._db.execute("SELECT COUNT(DISTINCT peer) FROM bans WHERE until > ?", (now,)).fetchone()
+        return int(row[0])
 
     def history(self, since: float = 0.0, limit: int = 10_000) -> list[dict[str, Any]]:
         with self._lock:

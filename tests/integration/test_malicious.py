@@ -5,15 +5,21 @@ Three honest volunteers (devices 0-2) train the bilinear problem with MASHA1 and
 claiming an honest device's shard. Every honest part owner checks the parts it receives, drops the bad
 ones and bans their senders; the round in which that happens may fail (a malicious owner's share of
 the aggregate is bad too) and is redone without them. The honest peers must end with identical states
-at every step, converge, and have banned each attacker for the right reason.
+at every step, converge, and have banned each attacker for the right reason; the monitor shows the bans.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 
 import pytest
 
+from collab.config import parse_config
+from collab.swarm.records import make_validators
+from collab.swarm.transport import SwarmNode
+from monitor.service import Monitor
+from monitor.store import MonitorStore
 from tests.integration.swarm_harness import Swarm
 
 STEPS = 120
@@ -76,3 +82,17 @@ def test_malicious_peers_are_dropped_and_banned(swarm: Swarm) -> None:
         assert mine, f"the {mode} attacker was never banned; bans: {bans}"
         assert any(reason in b["reason"] for b in mine), f"{mode}: {[b['reason'] for b in mine]}"
     assert not any(b["banned"] in {s["peer"] for s in summaries} for b in bans), "an honest peer was banned"
+
+    # The bans reach the monitor: signed ban reports in the DHT, stored in its SQLite history.
+    cfg = parse_config(CONFIG)
+    validators, _ = make_validators(cfg.run_id)
+    reader = SwarmNode(initial_peers=[swarm.maddr], record_validators=validators, client_mode=True)
+    store = MonitorStore(swarm.tmp / "monitor.sqlite")
+    try:
+        Monitor(cfg, reader, store).poll_once()
+        shown = {b["peer"] for b in store.bans()}
+        assert set(keys.values()) <= shown, f"monitor shows {shown}"
+        assert store.banned_peers(time.time()) >= len(ATTACKS)
+    finally:
+        store.close()
+        reader.shutdown()

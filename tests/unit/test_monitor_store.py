@@ -29,3 +29,23 @@ def test_history_survives_restart(tmp_path: Path) -> None:
     assert all(p["samples"] == 80 and p["steps"] == 4 and p["uptime_s"] == 4.0 for p in people)
     assert again.rejected_count() == 1
     again.close()
+
+
+def test_bans_are_stored_once_and_survive_a_restart(tmp_path: Path) -> None:
+    path = tmp_path / "m.sqlite"
+    store = MonitorStore(path)
+    ban = {
+        "peer": "12D3KooWbad",
+        "reason": "3 non-finite value(s)",
+        "round_id": "4.delta",
+        "time": 100.0,
+        "until": 700.0,
+    }
+    assert store.add_ban("reporter-a", "alice", ban)
+    assert not store.add_ban("reporter-a", "alice", ban), "the same report read twice is one event"
+    assert store.add_ban("reporter-b", "bob", {**ban, "time": 101.0})
+    store.close()
+    store = MonitorStore(path)
+    assert [b["reporter_name"] for b in store.bans()] == ["bob", "alice"]
+    assert store.banned_peers(now=500.0) == 1 and store.banned_peers(now=800.0) == 0
+    store.close()
