@@ -4,7 +4,8 @@ A coordinator runs an invite-only demo run; two volunteers join with ``--token I
 train, three intruders connect straight to a volunteer's address: one without a token, one with a genuine
 token issued for another key, one with an expired token. Each must be unable to read the run's DHT
 records, to get a record of its own to the run's peers, to download the state or to join a round; the
-volunteers must finish the run with identical states.
+volunteers must finish the run with identical states. Tokens live 10 s here, so the volunteers' run of
+about a minute only finishes if they refresh them (in the DHT process and for calls) before expiry.
 """
 
 from __future__ import annotations
@@ -86,7 +87,7 @@ def _intrude(access: Access | None, maddr: str, victim: str, run_id: str) -> tup
 @pytest.mark.timeout(300)
 def test_invite_only_run_refuses_intruders(roles: Roles, tmp_path: Path) -> None:
     data = yaml.safe_load((CONFIGS / "demo.yaml").read_text())
-    data.update(run_id="private", num_devices=2, max_steps=400, access="invite", access_token_ttl_s=600)
+    data.update(run_id="private", num_devices=2, max_steps=400, access="invite", access_token_ttl_s=10)
     cfg = tmp_path / "run.yaml"
     cfg.write_text(yaml.safe_dump(data))
     authority_path = tmp_path / "authority.key"
