@@ -20,7 +20,8 @@ CompressorName = Literal["identity", "randk", "topk"]
 
 
 class _Section(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # allow_inf_nan=False: no setting means anything at infinity or NaN (gamma=.inf would pass gt=0)
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
 
 class CompressorConfig(_Section):
@@ -132,6 +133,14 @@ class SwarmConfig(_Section):
     )
     suspect_ttl_s: float = Field(15.0, gt=0, description="how long a peer that failed a call is avoided")
     state_sync_timeout_s: float = Field(30.0, gt=0, description="time limit for downloading the state")
+    max_norm_ratio: float = Field(
+        10.0,
+        gt=1,
+        description="a contribution whose norm exceeds this multiple of the group's lower median is dropped",
+    )
+    ban_duration_s: float = Field(
+        600.0, gt=0, description="how long a peer that sent an invalid contribution is excluded from rounds"
+    )
     max_message_bytes: int = Field(
         512 * 1024**2, ge=1024, description="largest message a peer accepts (bigger ones are refused)"
     )
@@ -165,6 +174,14 @@ class RunConfig(_Section):
     compare: list[MethodConfig] = Field(
         default_factory=list, description="methods run by `collab simulate --compare` (default: the method)"
     )
+    access: Literal["open", "invite"] = Field(
+        "open",
+        description="open: anyone may join; invite: peers need an access token from the coordinator "
+        "(collab join --token INVITE)",
+    )
+    access_token_ttl_s: float = Field(
+        3600.0, ge=10, le=30 * 86400, description="lifetime of an access token (refreshed before expiry)"
+    )
 
     def version(self) -> str:
         """A short hash of the canonical JSON form; equal configs have equal versions."""
@@ -180,12 +197,21 @@ class ConfigError(ValueError):
         self.problems = problems
 
 
+def _one_line(text: str, limit: int) -> str:
+    """``text`` with control characters (newlines included) escaped, cut to ``limit`` characters: keys and
+    values in messages come from the input, which may be hostile."""
+    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text[: limit + 1])
+    return out if len(out) <= limit else out[: limit - 3] + "..."
+
+
 def config_errors(err: ValidationError) -> list[str]:
     """One line per problem: ``field.path: message``."""
     lines = []
     for e in err.errors():
-        loc = ".".join(str(p) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-")))
-        msg = e["msg"].removeprefix("Value error, ")
+        loc = ".".join(
+            _one_line(str(p), 80) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))
+        )
+        msg = _one_line(e["msg"].removeprefix("Value error, "), 200)
         lines.append(f"{loc or '(top level)'}: {msg}")
     return lines
 
@@ -205,7 +231,7 @@ def load_config(path: str | Path) -> RunConfig:
     p = Path(path)
     try:
         text = p.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
+    except (OSError, ValueError) as e:  # ValueError: not UTF-8, or a NUL in the path
         raise ConfigError([f"{p}: cannot read config ({e.__class__.__name__}: {e})"]) from None
     try:
         data = yaml.safe_load(text)
@@ -213,6 +239,12 @@ def load_config(path: str | Path) -> RunConfig:
         where = getattr(e, "problem_mark", None)
         at = f" at line {where.line + 1}" if where is not None else ""
         raise ConfigError([f"{p}: not valid YAML{at}"]) from None
+    except RecursionError:
+        raise ConfigError([f"{p}: not a config: nested too deeply"]) from None
+    except ValueError as e:  # a scalar YAML cannot convert: a 5000-digit integer, a date like 2001-13-45
+        raise ConfigError(
+            [f"{p}: not valid YAML: a value cannot be read ({_one_line(str(e), 120)})"]
+        ) from None
     return parse_config(data)
 
 

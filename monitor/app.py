@@ -6,6 +6,7 @@
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any
 
@@ -13,12 +14,14 @@ from fastapi import FastAPI, Query
 from fastapi.responses import HTMLResponse
 
 from monitor.service import Monitor
+from peers import http_limits
 
 STATIC = Path(__file__).resolve().parent / "static"
 
 
 def build_app(monitor: Monitor) -> FastAPI:
     app = FastAPI(title="collab monitor", docs_url=None, redoc_url=None)
+    http_limits.install(app)  # size, time and error limits for every route
     cfg = monitor.cfg
 
     @app.get("/", response_class=HTMLResponse)
@@ -30,7 +33,10 @@ def build_app(monitor: Monitor) -> FastAPI:
         s = monitor.latest
         body: dict[str, Any] = s.as_dict() if s is not None else {"global_step": 0, "alive_peers": 0}
         body.update(
-            run_id=cfg.run_id, config_version=cfg.version(), rejected_records=monitor.store.rejected_count()
+            run_id=cfg.run_id,
+            config_version=cfg.version(),
+            rejected_records=monitor.store.rejected_count(),
+            banned_peers=monitor.store.banned_peers(time.time()),
         )
         return body
 
@@ -43,6 +49,10 @@ def build_app(monitor: Monitor) -> FastAPI:
     @app.get("/api/peers")
     def peers() -> list[dict[str, Any]]:
         return monitor.peer_table()
+
+    @app.get("/api/bans")
+    def bans(limit: int = Query(200, ge=1, le=10_000)) -> list[dict[str, Any]]:
+        return monitor.store.bans(limit)
 
     @app.get("/api/contributors")
     def contributors() -> list[dict[str, Any]]:

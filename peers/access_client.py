@@ -6,12 +6,10 @@ Used by ``collab join`` and ``collab monitor``. In an open run nothing happens (
 from __future__ import annotations
 
 import argparse
-import json
-import urllib.error
-import urllib.request
 from typing import TYPE_CHECKING, Any
 
 from collab.config import RunConfig
+from peers.http_client import HttpError, request_json
 
 if TYPE_CHECKING:
     from collab.swarm.access import Access
@@ -21,22 +19,11 @@ class AccessError(RuntimeError):
     """A problem to report in one line (the caller exits non-zero)."""
 
 
-def _request(url: str, body: dict[str, Any] | None = None, timeout_s: float = 15.0) -> dict[str, Any]:
-    data = None if body is None else json.dumps(body).encode()
-    req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json"})
+def _request(url: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
     try:
-        with urllib.request.urlopen(req, timeout=timeout_s) as resp:
-            out = json.loads(resp.read(1_000_000))
-    except urllib.error.HTTPError as e:
-        try:
-            detail = json.loads(e.read(10_000)).get("detail", e.reason)
-        except (ValueError, AttributeError):
-            detail = e.reason
-        raise AccessError(f"the coordinator refused: {detail} (HTTP {e.code})") from None
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        raise AccessError(f"cannot reach the coordinator: {getattr(e, 'reason', e)}") from None
-    except json.JSONDecodeError:
-        raise AccessError(f"{url} did not answer with JSON") from None
+        out = request_json(url, body, what="the coordinator")
+    except HttpError as e:
+        raise AccessError(f"the coordinator refused the invite: {e}" if e.status == 403 else str(e)) from None
     if not isinstance(out, dict):
         raise AccessError(f"{url} did not answer with a JSON object")
     return out

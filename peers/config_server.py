@@ -1,6 +1,8 @@
 """The coordinator's config server: serves the run config (read-only) and the DHT addresses to join.
 
-Endpoints: ``GET /v1/run`` -> ``{run_id, version, config, initial_peers}``; ``GET /healthz``.
+Endpoints: ``GET /v1/run`` -> ``{run_id, version, config, initial_peers, dashboard, access}``;
+``POST /v1/join`` (invite-only runs) ``{invite, public_key, name}`` -> ``{token, expires}``;
+``GET /healthz``.
 """
 
 from __future__ import annotations
@@ -10,21 +12,43 @@ import signal
 import socket
 import threading
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from fastapi import FastAPI
+from fastapi import FastAPI, HTTPException
+from pydantic import BaseModel, ConfigDict, Field
 
 from collab import __version__
 from collab.config import RunConfig
+from peers import http_limits
+
+if TYPE_CHECKING:  # the access module imports hivemind; the monitor imports this file without it
+    from collab.swarm.access import TokenIssuer
+
+
+class JoinRequest(BaseModel):
+    """``POST /v1/join``: the invite, the peer's RSA public key (OpenSSH text) and its display name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+    invite: str = Field(min_length=1, max_length=256)
+    public_key: str = Field(min_length=1, max_length=4096)
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[\w .@+-]+$")
 
 
 def build_app(
-    cfg: RunConfig, initial_peers: Callable[[], list[str]], dashboard: str | None = None
+    cfg: RunConfig,
+    initial_peers: Callable[[], list[str]],
+    dashboard: str | None = None,
+    issuer: TokenIssuer | None = None,
 ) -> FastAPI:
-    """A FastAPI app serving ``cfg``, the current ``initial_peers()`` and the dashboard URL, if any."""
+    """A FastAPI app serving ``cfg``, the current ``initial_peers()`` and the dashboard URL, if any; with
+    an ``issuer`` (invite-only runs) also ``POST /v1/join``."""
     app = FastAPI(title="collab coordinator", version=__version__, docs_url=None, redoc_url=None)
+    http_limits.install(app)  # size, time and error limits for every route
     payload = cfg.model_dump(mode="json")
     version = cfg.version()
+    access: dict[str, Any] = {"mode": cfg.access}
+    if issuer is not None:
+        access["authority_public_key"] = issuer.public_key
 
     @app.get("/v1/run")
     def run() -> dict[str, Any]:
@@ -34,7 +58,20 @@ def build_app(
             "config": payload,
             "initial_peers": initial_peers(),
             "dashboard": dashboard,
+            "access": access,
         }
+
+    @app.post("/v1/join")
+    def join(request: JoinRequest) -> dict[str, Any]:
+        if issuer is None:
+            raise HTTPException(404, "this run is open: no token needed")
+        from collab.swarm.access import AccessDenied, expiration_of, token_to_text
+
+        try:
+            token = issuer.exchange(invite=request.invite, public_key=request.public_key, name=request.name)
+        except AccessDenied as e:
+            raise HTTPException(403 if "invite" in str(e) else 422, str(e)) from None
+        return {"token": token_to_text(token), "expires": expiration_of(token)}
 
     @app.get("/healthz")
     def healthz() -> dict[str, str]:
@@ -62,7 +99,9 @@ def _quiet_server(app: FastAPI, *, loop: str) -> Any:
         def capture_signals(self) -> Iterator[None]:
             yield
 
-    return _Server(uvicorn.Config(app, loop=loop, log_level="warning", access_log=False))
+    return _Server(
+        uvicorn.Config(app, loop=loop, log_level="warning", access_log=False, **http_limits.uvicorn_limits())
+    )
 
 
 def serve_in_thread(app: FastAPI, sock: socket.socket) -> tuple[Any, threading.Thread]:

@@ -3,7 +3,8 @@
 With --coordinator the config and the DHT addresses come from the organizer's config server; with
 --config a local file and --initial-peers (any peer of the run's DHT) do the same job. Picks CUDA when
 present (--device auto). Ctrl-C leaves cleanly: the current round is finished or abandoned as a whole,
-never half applied, and a local checkpoint is written atomically.
+never half applied, and a local checkpoint is written atomically (--checkpoint); --resume starts from it
+(a damaged one is reported and skipped; a swarm that is ahead of it still wins).
 """
 
 from __future__ import annotations
@@ -13,14 +14,13 @@ import json
 import logging
 import signal
 import sys
-import urllib.error
-import urllib.request
 import zlib
 from pathlib import Path
 from typing import Any
 
 from collab.config import ConfigError, RunConfig, parse_config, with_overrides
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+from peers.http_client import HttpError, check_url, request_json
 
 logger = logging.getLogger(__name__)
 
@@ -33,6 +33,7 @@ def add_run_source_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--initial-peers", nargs="+", default=[], metavar="MADDR", help="multiaddrs of the run's DHT to join"
     )
+    p.add_argument("--token", metavar="INVITE", help="the invite of an invite-only run (from its organizer)")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -45,7 +46,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port to listen on (default: any free port)")
     p.add_argument("--client-mode", action="store_true", help="behind NAT: connect out only, accept no calls")
-    p.add_argument("--checkpoint", help="where to write the local checkpoint on exit (default: none)")
+    p.add_argument(
+        "--checkpoint", help="the local checkpoint: written on exit, read by --resume (default: none)"
+    )
+    p.add_argument(
+        "--resume",
+        action="store_true",
+        help="start from --checkpoint (a corrupt or foreign one is reported and skipped; a swarm that is "
+        "ahead still wins)",
+    )
     p.add_argument("--log-file", help="append one JSON object per step/event to this file")
     p.add_argument("--linger", type=float, default=2.0, help="seconds to keep serving after the last step")
     p.add_argument("--json", action="store_true", help="print one JSON summary at the end")
@@ -56,16 +65,25 @@ class JoinError(RuntimeError):
     """A problem to report in one line."""
 
 
+MAX_RUN_BYTES = 1_000_000  # a run description is a few kB; more is not a collab coordinator
+
+
 def fetch_run(url: str, timeout_s: float = 15.0) -> tuple[RunConfig, list[str]]:
-    """The run config and DHT addresses from a coordinator; raises :class:`JoinError`."""
+    """The run config and DHT addresses from a coordinator; raises :class:`JoinError` (one line) for a
+    malformed URL, an unreachable host, an HTTP error, and an answer that is not a run description."""
+    try:
+        check_url(url, "--coordinator")
+    except HttpError as e:
+        raise JoinError(str(e)) from None
     endpoint = url.rstrip("/") + "/v1/run"
     try:
-        with urllib.request.urlopen(endpoint, timeout=timeout_s) as resp:
-            data = json.loads(resp.read(1_000_000))
-    except (urllib.error.URLError, TimeoutError, OSError) as e:
-        raise JoinError(f"cannot reach the coordinator at {url}: {getattr(e, 'reason', e)}") from None
-    except json.JSONDecodeError:
-        raise JoinError(f"{endpoint} did not answer with JSON: is this a collab coordinator?") from None
+        data = request_json(endpoint, max_bytes=MAX_RUN_BYTES, what="the coordinator")
+    except HttpError as e:
+        if e.status is not None:
+            raise JoinError(f"{e}: is {url} a collab coordinator?") from None
+        if "did not answer" in str(e) or "more than" in str(e):
+            raise JoinError(f"{e}: is {url} a collab coordinator? (not a run description)") from None
+        raise JoinError(str(e)) from None
     if not isinstance(data, dict) or "config" not in data:
         raise JoinError(f"{endpoint} did not answer with a run description")
     try:
@@ -74,11 +92,13 @@ def fetch_run(url: str, timeout_s: float = 15.0) -> tuple[RunConfig, list[str]]:
         raise JoinError(f"the coordinator's config is invalid: {e.problems[0]}") from None
     if data.get("version") != cfg.version():
         raise JoinError(
-            f"config version mismatch: the coordinator announces {data.get('version')}, the config it "
-            f"sent is {cfg.version()} (different collab versions?)"
+            f"config version mismatch: the coordinator announces {data.get('version')!r:.40}, the config "
+            f"it sent is {cfg.version()} (different collab versions?)"
         )
     peers = data.get("initial_peers") or []
-    return cfg, [str(p) for p in peers]
+    if not isinstance(peers, list) or not all(isinstance(p, str) and len(p) < 1000 for p in peers):
+        raise JoinError(f"{endpoint} did not answer with a run description (bad initial_peers)")
+    return cfg, list(peers)
 
 
 def resolve_run(args: argparse.Namespace) -> tuple[RunConfig, list[str]] | int:
@@ -109,6 +129,9 @@ def pick_device(choice: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.resume and not args.checkpoint:
+        print("--resume: needs --checkpoint PATH (the file to resume from)", file=sys.stderr)
+        return EXIT_BAD_INPUT
     resolved = resolve_run(args)
     if isinstance(resolved, int):
         return resolved
@@ -133,8 +156,14 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
     from collab.swarm import SwarmNode, Volunteer
     from collab.swarm.records import make_validators
     from collab.swarm.volunteer import ConfigMismatch
+    from peers.access_client import AccessError, obtain_access
 
     validators, signer = make_validators(cfg.run_id)
+    try:
+        access = obtain_access(args, cfg, args.name or "volunteer")
+    except AccessError as e:
+        print(str(e), file=sys.stderr)
+        return 1
     try:
         node = SwarmNode(
             initial_peers=initial_peers,
@@ -143,6 +172,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
             client_mode=args.client_mode,
             max_message_bytes=cfg.swarm.max_message_bytes,
             record_validators=validators,
+            access=access,
         )
     except Exception as e:  # hivemind reports unreachable peers and bad addresses in several ways
         print(f"cannot join the swarm: {e}", file=sys.stderr)
@@ -167,6 +197,8 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
             device=device,
             client_mode=args.client_mode,
         )
+        if args.resume:
+            _resume(volunteer, args.checkpoint)
         stop = volunteer.stop_event
 
         def on_signal(signum: int, frame: Any) -> None:
@@ -176,7 +208,11 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
         signal.signal(signal.SIGINT, on_signal)
         signal.signal(signal.SIGTERM, on_signal)
         target = args.max_steps if args.max_steps is not None else cfg.max_steps
-        print(f"{volunteer.name}: peer {node.peer_key}, shard {index}, run {cfg.run_id}", file=sys.stderr)
+        where = " ".join(node.visible_maddrs())
+        print(
+            f"{volunteer.name}: peer {node.peer_key}, shard {index}, run {cfg.run_id}, at {where}",
+            file=sys.stderr,
+        )
         if not args.no_progress and sys.stderr.isatty():
             from tqdm import tqdm
 
@@ -208,6 +244,22 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
         if volunteer is not None:
             volunteer.close(linger_s=args.linger)
         node.shutdown()
+
+
+def _resume(volunteer: Any, path: str) -> None:
+    """Load the local checkpoint; one line on stderr says what happened (a bad one is skipped: the
+    volunteer then starts like a new peer and syncs from the swarm)."""
+    from collab.methods.checkpoint import CheckpointError
+
+    try:
+        loaded = volunteer.load_checkpoint(path)
+    except CheckpointError as e:
+        print(str(e), file=sys.stderr)
+        return
+    if loaded:
+        print(f"resumed from checkpoint {path} at step {volunteer.step}", file=sys.stderr)
+    else:
+        print(f"checkpoint {path} does not exist yet: starting fresh", file=sys.stderr)
 
 
 def _update_bar(bar: Any, rec: dict[str, Any]) -> None:

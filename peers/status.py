@@ -5,9 +5,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import urllib.error
-import urllib.request
-from typing import Any
+
+from peers.http_client import HttpError, check_url, request_json
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -17,22 +16,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--json", action="store_true", help="print the raw summary JSON")
 
 
-def _get(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=10) as resp:
-        return json.loads(resp.read(1_000_000))
-
-
 def run(args: argparse.Namespace) -> int:
     try:
         base = args.monitor
+        check_url(args.coordinator or base, "--coordinator" if args.coordinator else "--monitor")
         if args.coordinator:
-            base = _get(args.coordinator.rstrip("/") + "/v1/run").get("dashboard")
-            if not base:
+            run_info = request_json(args.coordinator.rstrip("/") + "/v1/run", what="the coordinator")
+            base = run_info.get("dashboard") if isinstance(run_info, dict) else None
+            if not isinstance(base, str) or not base:
                 print("this coordinator runs no dashboard (start it with --dashboard-port)", file=sys.stderr)
                 return 1
-        s = _get(base.rstrip("/") + "/api/summary")
-    except (urllib.error.URLError, OSError, json.JSONDecodeError, AttributeError) as e:
-        print(f"cannot read the run's summary: {getattr(e, 'reason', e)}", file=sys.stderr)
+        s = request_json(base.rstrip("/") + "/api/summary", what="the dashboard")
+        if not isinstance(s, dict):
+            raise HttpError(f"{base} did not answer with a run summary")
+    except HttpError as e:
+        print(f"cannot read the run's summary: {e}", file=sys.stderr)
         return 1
     if args.json:
         print(json.dumps(s))

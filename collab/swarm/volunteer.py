@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from hivemind.utils import get_dht_time
 from collab.config import RunConfig
 from collab.methods.base import Method, MethodState, RoundFailed
 from collab.methods.build import build_method
+from collab.methods.checkpoint import CheckpointError, encode_checkpoint, read_checkpoint, write_checkpoint
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.bans import BanEvent
 from collab.swarm.transport import Header, SwarmNode, TransportError
@@ -327,13 +327,31 @@ class Volunteer:
         return samples_per_s
 
     def save_checkpoint(self) -> None:
-        """Write the committed state atomically (temp file + rename): a crash never leaves half a file."""
+        """Write the committed state atomically (temp file, fsync, rename): a crash never leaves half a
+        file. The file names the config version and method (collab/methods/checkpoint.py)."""
         if self.checkpoint_path is None or self.method.state is None:
             return
-        self.checkpoint_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.checkpoint_path.with_suffix(self.checkpoint_path.suffix + ".tmp")
-        tmp.write_bytes(self.method.state.to_bytes())
-        os.replace(tmp, self.checkpoint_path)
+        data = encode_checkpoint(
+            self.method.state, config_version=self.config_version, method=self.method.name
+        )
+        write_checkpoint(self.checkpoint_path, data)
+
+    def load_checkpoint(self, path: str | Path) -> bool:
+        """Start from the checkpoint at ``path`` (before :meth:`run`); ``False`` if there is none.
+
+        Raises :class:`CheckpointError` (one line: corrupt, truncated, another config or method) and then
+        loads nothing. A loaded state is like a downloaded one: :meth:`run` still syncs to peers ahead.
+        """
+        state = read_checkpoint(path, config_version=self.config_version, method=self.method.name)
+        if state is None:
+            return False
+        try:
+            self.method.adopt_state(state)
+        except ValueError as e:  # same config version, other shapes: only a changed task could do this
+            raise CheckpointError(f"checkpoint {path} does not fit this run ({e}); not loaded") from None
+        logger.info("%s: resumed from checkpoint %s at step %d", self.name, path, state.step)
+        self._emit(event="resumed", step=state.step, hash=state.hash(), path=str(path))
+        return True
 
     def _wait_for_view(self) -> None:
         """Learn who is alive before deciding to sync or initialize (peers that start together meet)."""

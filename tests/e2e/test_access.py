@@ -142,6 +142,13 @@ def test_invite_only_run_refuses_intruders(roles: Roles, tmp_path: Path) -> None
         reader.shutdown()
     assert victim in alive and not set(intruders) & set(alive), sorted(alive)
 
+    # A wrong invite, or none, is one clear line and a non-zero exit.
+    for extra, needle in ((["--token", "guess"], "invalid invite"), ([], "invite-only")):
+        bad = roles.start("join", "--coordinator", url, *extra, name="bad")
+        assert bad.wait(timeout=60) == 1
+        err = (tmp_path / "bad.err").read_text().strip()
+        assert needle in err and "\n" not in err and "Traceback" not in err, err
+
     summaries = [roles.summary(v, 240, f"v{i}") for i, v in enumerate(vols)]
     assert all(s["step"] == 400 for s in summaries)
     assert summaries[0]["hash"] == summaries[1]["hash"]

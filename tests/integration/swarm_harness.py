@@ -21,7 +21,7 @@ import hivemind
 import pytest
 import yaml
 
-from tests.conftest import COLLAB
+from tests.conftest import COLLAB, _children
 
 
 def p2pd_pids() -> set[int]:
@@ -35,6 +35,19 @@ def p2pd_pids() -> set[int]:
             except OSError:
                 continue
     return pids
+
+
+def owned(pids: set[int], sessions: set[int]) -> set[int]:
+    """The daemons among ``pids`` that this test started: in one of its peers' sessions, or below this
+    process (the bootstrap DHT's). Other test runs on the machine have their own, which are not ours to reap.
+    """
+    below = _children(os.getpid())
+    out = set()
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            if pid in below or os.getsid(pid) in sessions:
+                out.add(pid)
+    return out
 
 
 def group_alive(pgid: int) -> bool:
@@ -160,12 +173,13 @@ def swarm(tmp_path: Path) -> Iterator[Swarm]:
                     os.killpg(peer.proc.pid, signal.SIGKILL)
                 peer.proc.wait(timeout=30)
         boot.shutdown()
+        sessions = {p.proc.pid for p in sw.peers}  # each peer leads its own session (start_new_session)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline and (
-            p2pd_pids() - before or any(group_alive(p.proc.pid) for p in sw.peers)
+            owned(p2pd_pids() - before, sessions) or any(group_alive(p.proc.pid) for p in sw.peers)
         ):
             time.sleep(0.1)
-        leftover_p2pd = p2pd_pids() - before
+        leftover_p2pd = owned(p2pd_pids() - before, sessions)
         leftover_groups = [p.proc.pid for p in sw.peers if group_alive(p.proc.pid)]
         for pid in leftover_p2pd:
             with contextlib.suppress(ProcessLookupError):

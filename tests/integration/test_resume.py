@@ -1,0 +1,167 @@
+"""`collab join --resume`: a volunteer restarts from its local checkpoint, on real peers.
+
+* A lone peer runs 10 steps and exits (--resume with no checkpoint yet: it says so and starts fresh);
+  restarted with --resume it goes on from step 11, and its steps are bit-identical to an uninterrupted
+  20-step run (a checkpoint loses nothing).
+* A checkpoint with one flipped byte is reported in one line and not loaded: the peer starts fresh.
+* A checkpoint behind the swarm is loaded, then the swarm's newer state wins (hash-checked sync) and
+  the resumed peer trains in step with the others to the end.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.conftest import COLLAB
+from tests.integration.swarm_harness import Peer, Swarm
+
+LONE = {
+    "run_id": "resume",
+    "seed": 3,
+    "num_devices": 2,
+    "max_steps": 1000,
+    "task": {"name": "bilinear", "dim": 50, "reg_lambda": 0.5},
+    "method": {
+        "name": "masha1",
+        "gamma": 0.2,
+        "tau": 0.7,
+        "device_compressor": {"name": "randk", "ratio": 0.25},
+    },
+    "swarm": {
+        "min_group_size": 1,  # a peer on its own makes progress
+        "min_matchmaking_time_s": 0.2,
+        "matchmaking_timeout_s": 3.0,
+        "allreduce_timeout_s": 3.0,
+        "heartbeat_interval_s": 0.5,
+        "heartbeat_ttl_s": 2.0,
+    },
+}
+
+
+def _config(swarm: Swarm, name: str, data: dict[str, Any]) -> Path:
+    path = swarm.tmp / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _start(swarm: Swarm, config: Path, device_index: int, *extra: str) -> Peer:
+    """Like ``Swarm.start`` (and reaped by the fixture like its peers), with extra `collab join` flags."""
+    n = len(swarm.peers)
+    log, err = swarm.tmp / f"peer{n}.jsonl", swarm.tmp / f"peer{n}.err"
+    cmd = [
+        *COLLAB, "--log-level", "INFO", "join", "--config", str(config), "--initial-peers", swarm.maddr,
+        "--device-index", str(device_index), "--log-file", str(log), "--json", "--linger", "1",
+        "--no-progress", *extra,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=err.open("w"),
+        text=True,
+        start_new_session=True,
+        env=dict(os.environ),
+    )
+    peer = Peer(n, proc, log, err)
+    swarm.peers.append(peer)
+    return peer
+
+
+def _step_lines(peer: Peer) -> list[int]:
+    return [r["step"] for r in peer.records() if "event" not in r]
+
+
+def _events(peer: Peer, name: str) -> list[dict[str, Any]]:
+    return [r for r in peer.records() if r.get("event") == name]
+
+
+def _said(peer: Peer, prefix: str) -> list[str]:
+    """The lines `collab join` printed on stderr starting with ``prefix`` (not log lines)."""
+    return [line for line in peer.err.read_text().splitlines() if line.startswith(prefix)]
+
+
+@pytest.mark.timeout(120)
+def test_lone_peer_resumes_where_it_stopped(swarm: Swarm) -> None:
+    config = _config(swarm, "run", LONE)
+    ckpt = swarm.tmp / "volunteer.ckpt"
+    # the reference: 20 steps without a break, in a run of its own (another run_id: another DHT key space)
+    reference = _start(swarm, _config(swarm, "ref", {**LONE, "run_id": "resume-ref"}), 0, "--max-steps", "20")
+    first = _start(swarm, config, 0, "--checkpoint", str(ckpt), "--resume", "--max-steps", "10")
+    assert swarm.finish(first, timeout_s=90)["step"] == 10
+    assert _said(first, "checkpoint ") == [f"checkpoint {ckpt} does not exist yet: starting fresh"]
+    assert ckpt.stat().st_size > 0, "the checkpoint is written on exit"
+
+    resumed = _start(swarm, config, 0, "--checkpoint", str(ckpt), "--resume", "--max-steps", "20")
+    summary = swarm.finish(resumed, timeout_s=90)
+    ref_summary = swarm.finish(reference, timeout_s=90)
+
+    assert _said(resumed, "resumed from checkpoint") == [f"resumed from checkpoint {ckpt} at step 10"]
+    loaded = _events(resumed, "resumed")
+    assert len(loaded) == 1 and loaded[0]["step"] == 10 and loaded[0]["hash"] == first.steps()[10]
+    assert not _events(resumed, "initialized") and not _events(resumed, "sync")
+    assert _step_lines(resumed) == list(range(11, 21)), "it goes on from step 11, nothing redone or skipped"
+    for step in range(11, 21):
+        assert resumed.steps()[step] == reference.steps()[step], f"step {step} differs from an unbroken run"
+    assert summary["step"] == 20 and summary["hash"] == ref_summary["hash"]
+
+
+@pytest.mark.timeout(120)
+def test_corrupt_checkpoint_is_reported_and_not_loaded(swarm: Swarm) -> None:
+    config = _config(swarm, "run", LONE)
+    ckpt = swarm.tmp / "volunteer.ckpt"
+    first = _start(swarm, config, 0, "--checkpoint", str(ckpt), "--max-steps", "5")
+    swarm.finish(first, timeout_s=90)
+    data = bytearray(ckpt.read_bytes())
+    data[-20] ^= 0x01  # one bit of one float of the state
+    ckpt.write_bytes(bytes(data))
+
+    again = _start(swarm, config, 0, "--checkpoint", str(ckpt), "--resume", "--max-steps", "8")
+    summary = swarm.finish(again, timeout_s=90)
+    assert _said(again, "checkpoint ") == [f"checkpoint {ckpt} is corrupt (hash mismatch); not loaded"]
+    assert "Traceback" not in again.err.read_text()
+    assert not _events(again, "resumed") and _events(again, "initialized"), "it starts as a fresh peer"
+    assert _step_lines(again) == list(range(1, 9))
+    for step in range(1, 6):
+        assert again.steps()[step] == first.steps()[step], "a fresh start repeats the same steps"
+    assert summary["step"] == 8
+    # on exit the damaged file was replaced by a good checkpoint of the new run
+    third = _start(swarm, config, 0, "--checkpoint", str(ckpt), "--resume", "--max-steps", "8")
+    swarm.finish(third, timeout_s=90)
+    assert _said(third, "resumed from checkpoint") == [f"resumed from checkpoint {ckpt} at step 8"]
+
+
+SWARM = {
+    **LONE,
+    "run_id": "resume-swarm",
+    "num_devices": 3,
+    "max_steps": 120,
+    "swarm": {**LONE["swarm"], "min_group_size": 2, "min_matchmaking_time_s": 0.3},
+}
+
+
+@pytest.mark.timeout(180)
+def test_resume_behind_the_swarm_syncs_to_it(swarm: Swarm) -> None:
+    config = _config(swarm, "swarm", SWARM)
+    ckpt = swarm.tmp / "volunteer.ckpt"
+    steady = [_start(swarm, config, i) for i in (0, 1)]
+    leaver = _start(swarm, config, 2, "--checkpoint", str(ckpt), "--max-steps", "5")
+    swarm.finish(leaver, timeout_s=90)
+    swarm.wait_until(lambda: min(p.last_step() for p in steady) >= 15, 90, "the swarm to reach step 15")
+
+    resumed = _start(swarm, config, 2, "--checkpoint", str(ckpt), "--resume")
+    summaries = [swarm.finish(p, timeout_s=120) for p in [*steady, resumed]]
+
+    loaded = _events(resumed, "resumed")
+    assert len(loaded) == 1 and loaded[0]["step"] == 5 and loaded[0]["hash"] == leaver.steps()[5]
+    syncs = _events(resumed, "sync")
+    assert syncs and syncs[0]["step"] >= 15, "the swarm is ahead of the checkpoint: its state wins"
+    own = resumed.steps()
+    assert own and min(own) > syncs[0]["step"], "no step is trained from the old checkpoint"
+    for step, h in own.items():
+        assert h == steady[0].steps()[step], f"the resumed peer differs from the swarm at step {step}"
+    assert {s["step"] for s in summaries} == {120} and len({s["hash"] for s in summaries}) == 1
