@@ -7,9 +7,11 @@ Protocol (one round):
 2. the peer with the smallest key among the announced, reachable ones is the **leader**; the others send
    it a ``collab.join`` call and wait;
 3. the leader closes the group when every live peer has joined, or when ``target_group_size`` is reached,
-   or when ``min_matchmaking_time_s`` has passed and every announced peer has joined, or at
-   ``matchmaking_timeout_s``; it answers every joiner with the member list, ordered canonically by
-   ``(device index, peer key)`` - the order in which every member sums contributions.
+   or when ``min_matchmaking_time_s`` has passed and every announced peer has joined (one that has died
+   since, its alive record gone, is not waited for), or at ``matchmaking_timeout_s``; it answers every
+   joiner with the member list, ordered canonically by ``(device index, peer key)`` - the order in which
+   every member sums contributions. A joiner says how long it waits (``wait_s``); the leader answers
+   ``timeout`` before that rather than list a member that has given up.
 
 A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
 gets ``closed`` and its round fails (it is late and will resynchronize). A group below
@@ -23,6 +25,7 @@ import asyncio
 import contextlib
 import hashlib
 import logging
+import math
 import secrets
 import time
 from dataclasses import dataclass, field
@@ -37,6 +40,7 @@ from collab.swarm.transport import Header, SwarmNode, TransportError
 logger = logging.getLogger(__name__)
 
 JOIN = "collab.join"
+JOIN_ANSWER_MARGIN_S = 0.5  # a leader answers a joiner at least this long before the joiner gives up
 
 
 @dataclass(frozen=True)
@@ -92,6 +96,7 @@ class Matchmaker:
         self.config_version = config_version
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
+        self._seen_alive: set[str] = set()
         self.alive_peers: dict[str, dict[str, object]] = {}  # refreshed by the heartbeat
         node.serve(JOIN, self._handle_join)
 
@@ -115,6 +120,19 @@ class Matchmaker:
             for old in [k for k, v in self._rounds.items() if v.created < horizon]:
                 self._rounds.pop(old, None)
         return r
+
+    @property
+    def alive_peers(self) -> dict[str, dict[str, object]]:
+        return self._alive_peers
+
+    @alive_peers.setter
+    def alive_peers(self, view: dict[str, dict[str, object]]) -> None:
+        self._alive_peers = view
+        self._seen_alive.update(view)
+
+    def _gone(self, peer_key: str) -> bool:
+        """Seen alive before, no longer alive: died (its announcements in the DHT outlive it)."""
+        return peer_key in self._seen_alive and peer_key not in self._alive_peers
 
     def _key(self, round_id: str) -> str:
         return f"{self.run_id}_round_{round_id}"
@@ -157,7 +175,12 @@ class Matchmaker:
                 answer, _ = await self.node.call(
                     leader,
                     JOIN,
-                    {"round": round_id, "device_index": self.device_index, "version": self.config_version},
+                    {
+                        "round": round_id,
+                        "device_index": self.device_index,
+                        "version": self.config_version,
+                        "wait_s": round(deadline - time.monotonic(), 3),
+                    },
                     timeout_s=max(0.1, deadline - time.monotonic()),
                 )
             except TransportError as e:
@@ -204,7 +227,9 @@ class Matchmaker:
                         raise RoundFailed(f"round {round_id}: no group in time")
                     return await self.form_group(round_id)
             size = 1 + len(r.joiners)
-            all_announced_joined = set(announced) <= set(r.joiners)
+            # A peer killed mid-round leaves its announcement behind: waiting for it would hold every
+            # retry of the round until the deadline (and lose the joiners whose own deadlines come first).
+            all_announced_joined = {p for p in announced if not self._gone(p)} <= set(r.joiners)
             everyone_here = all_announced_joined and size >= max(self._live_count(), self.cfg.min_group_size)
             settled = now - start >= self.cfg.min_matchmaking_time_s and all_announced_joined
             if (target is not None and size >= target) or everyone_here or settled or now >= deadline:
@@ -241,6 +266,13 @@ class Matchmaker:
         r.joiners[remote] = device_index
         r.changed.set()
         assert r.group is not None
+        # Stop waiting a little before the joiner does: a group that closes after the joiner gave up
+        # would list a member that never takes part, and the whole round would fail.
+        budget = 2 * self.cfg.matchmaking_timeout_s
+        wait_s = header.get("wait_s")
+        if isinstance(wait_s, (int, float)) and math.isfinite(wait_s):
+            budget = min(budget, wait_s - JOIN_ANSWER_MARGIN_S)
+        give_up = time.monotonic() + budget
         while True:
             done, _ = await asyncio.wait({r.group}, timeout=0.05)
             if done:
@@ -248,7 +280,7 @@ class Matchmaker:
             if r.role == "follower":  # this peer stepped down: send the joiner to the real leader
                 r.joiners.pop(remote, None)
                 return {"status": "redirect", "leader": r.leader}, b""
-            if time.monotonic() - r.created > 2 * self.cfg.matchmaking_timeout_s:
+            if time.monotonic() > give_up:
                 r.joiners.pop(remote, None)
                 return {"status": "timeout"}, b""
         if r.group.exception() is not None:
