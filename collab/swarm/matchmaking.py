@@ -28,6 +28,7 @@ import logging
 import math
 import secrets
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from hivemind.utils import get_dht_time
@@ -78,6 +79,15 @@ class _Round:
     created: float = field(default_factory=time.monotonic)
 
 
+class StateMismatch(RoundFailed):
+    """This round's leader holds another state at the same step (two groups once committed the same step
+    apart): adopt the leader's state (``peer``) and redo the step."""
+
+    def __init__(self, peer: str, message: str) -> None:
+        super().__init__(message)
+        self.peer = peer
+
+
 class Matchmaker:
     """Runs on the node's event loop; ``form_group(round_id)`` returns the round's :class:`Group`."""
 
@@ -97,6 +107,9 @@ class Matchmaker:
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
         self._seen_alive: set[str] = set()
+        # The hash of the committed state this peer enters rounds with (set by the volunteer): a leader
+        # refuses joiners whose state differs, so two diverged states never average together.
+        self.state_hash: Callable[[], str | None] = lambda: None
         self.alive_peers: dict[str, dict[str, object]] = {}  # refreshed by the heartbeat
         node.serve(JOIN, self._handle_join)
 
@@ -179,6 +192,7 @@ class Matchmaker:
                         "round": round_id,
                         "device_index": self.device_index,
                         "version": self.config_version,
+                        "state_hash": self.state_hash(),
                         "wait_s": round(deadline - time.monotonic(), 3),
                     },
                     timeout_s=max(0.1, deadline - time.monotonic()),
@@ -194,6 +208,10 @@ class Matchmaker:
             if status == "redirect":
                 await asyncio.sleep(0.02)
                 continue
+            if status == "state_mismatch":
+                raise StateMismatch(
+                    leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
+                )
             if status == "config_mismatch":  # that leader runs another config: never follow it
                 self.suspect(leader)
                 raise RoundFailed(
@@ -256,6 +274,9 @@ class Matchmaker:
         device_index = int(header["device_index"])
         if header.get("version") != self.config_version:
             return {"status": "config_mismatch", "version": self.config_version}, b""
+        mine = self.state_hash()
+        if mine is not None and header.get("state_hash") not in (None, mine):
+            return {"status": "state_mismatch"}, b""
         if self.bans.is_banned(remote):
             return {"status": "banned"}, b""
         r = self._round(round_id)

@@ -28,6 +28,7 @@ from collab.methods.build import build_method
 from collab.methods.checkpoint import CheckpointError, encode_checkpoint, read_checkpoint, write_checkpoint
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.bans import BanEvent
+from collab.swarm.matchmaking import StateMismatch
 from collab.swarm.transport import Header, SwarmNode, TransportError
 from collab.tasks.build import build_task
 
@@ -73,6 +74,7 @@ class Volunteer:
             cfg, self.task, self.aggregator, [device_index], device_keys=[node.peer_key]
         )
         self.aggregator.bans.on_ban = self._on_ban
+        self.aggregator.matchmaker.state_hash = self._state_hash
         self.stop_event = threading.Event()
         self.status = "starting"
         self.signer, self.device, self.client_mode = signer, device, client_mode
@@ -100,6 +102,10 @@ class Volunteer:
             self._log.write(json.dumps(record) + "\n")
         if self.on_step is not None and "event" not in record:
             self.on_step(record)
+
+    def _state_hash(self) -> str | None:
+        state = self.method.state
+        return state.hash() if state is not None else None
 
     def _on_ban(self, event: BanEvent) -> None:
         """Log a ban and publish this peer's current bans (signed) for the monitor."""
@@ -166,9 +172,11 @@ class Volunteer:
                 ahead.append((step, peer))
         return sorted(ahead, reverse=True)
 
-    def sync(self) -> bool:
-        """Download the state of the most advanced peer ahead of us; ``True`` if one was adopted."""
-        for _step, peer in self._peers_ahead():
+    def sync(self, source: str | None = None) -> bool:
+        """Download the state of the most advanced peer ahead of us (or of ``source``, even at our step);
+        ``True`` if one was adopted."""
+        candidates = [(self.step, source)] if source is not None else self._peers_ahead()
+        for _step, peer in candidates:
             if self.aggregator.matchmaker.is_suspect(peer):
                 continue
             try:
@@ -222,6 +230,12 @@ class Volunteer:
                     )
                     continue
                 report = self.method.step()
+            except StateMismatch as e:  # two groups once committed this step apart: the leader's wins
+                logger.warning("%s step %d: %s; taking its state", self.name, self.step, e)
+                self._emit(event="state_mismatch", step=self.step, leader=e.peer)
+                if self.sync(source=e.peer):
+                    last_progress = time.monotonic()
+                continue
             except RoundFailed as e:
                 self._failures_in_row += 1
                 logger.info("%s step %d: round failed (%s)", self.name, self.step, e)
