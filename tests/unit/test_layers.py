@@ -67,6 +67,7 @@ def test_monitor_process_imports_no_torch() -> None:
         "from collab.swarm.reader import load_dht_modules\n"
         "load_dht_modules()\n"
         "import peers.cli, peers.monitor_peer, monitor.app, monitor.service, collab.swarm.records\n"
+        "import collab.swarm.access, peers.access_client  # invite-only runs\n"
         "from hivemind.dht.node import DHTNode\n"
         "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))\n"
     )
