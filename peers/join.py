@@ -47,7 +47,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=0, help="TCP port to listen on (default: any free port)")
     p.add_argument("--client-mode", action="store_true", help="behind NAT: connect out only, accept no calls")
     p.add_argument(
-        "--checkpoint", help="the local checkpoint: written on exit, read by --resume (default: none)"
+        "--checkpoint",
+        help="the local checkpoint: written every --checkpoint-every steps and on exit, read by --resume",
+    )
+    p.add_argument(
+        "--checkpoint-every", type=int, default=50, metavar="N", help="steps between checkpoints (default 50)"
     )
     p.add_argument(
         "--resume",
@@ -129,6 +133,9 @@ def pick_device(choice: str) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.checkpoint_every < 1:
+        print("--checkpoint-every: must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.resume and not args.checkpoint:
         print("--resume: needs --checkpoint PATH (the file to resume from)", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -194,6 +201,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
             name=args.name,
             signer=signer,
             checkpoint_path=Path(args.checkpoint) if args.checkpoint else None,
+            checkpoint_every=args.checkpoint_every,
             device=device,
             client_mode=args.client_mode,
         )

@@ -54,6 +54,7 @@ class Volunteer:
         name: str | None = None,
         signer: Any = None,
         checkpoint_path: str | Path | None = None,
+        checkpoint_every: int = 0,
         device: str = "cpu",
         client_mode: bool = False,
     ) -> None:
@@ -79,6 +80,7 @@ class Volunteer:
         self.status = "starting"
         self.signer, self.device, self.client_mode = signer, device, client_mode
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
+        self.checkpoint_every = checkpoint_every  # steps between checkpoints (0: on exit only)
         self.config_version = cfg.version()
         self.samples = 0
         self._last_step_time = time.monotonic()
@@ -250,6 +252,8 @@ class Volunteer:
                     self.stop_event.wait(min(2.0, 0.05 * 2 ** min(self._failures_in_row - 1, 6)))
                 continue
             self._failures_in_row = 0
+            if self.checkpoint_every and report.step % self.checkpoint_every == 0:
+                self.save_checkpoint()  # a peer killed later resumes from here
             last_progress = time.monotonic()
             assert self.method.state is not None
             stats = self.aggregator.stats

@@ -3,6 +3,8 @@
 * A lone peer runs 10 steps and exits (--resume with no checkpoint yet: it says so and starts fresh);
   restarted with --resume it goes on from step 11, and its steps are bit-identical to an uninterrupted
   20-step run (a checkpoint loses nothing).
+* A peer SIGKILLed mid-run (no exit handler) resumes from its last periodic checkpoint (--checkpoint-every)
+  and redoes the lost steps bit for bit.
 * A checkpoint with one flipped byte is reported in one line and not loaded: the peer starts fresh.
 * A checkpoint behind the swarm is loaded, then the swarm's newer state wins (hash-checked sync) and
   the resumed peer trains in step with the others to the end.
@@ -108,6 +110,29 @@ def test_lone_peer_resumes_where_it_stopped(swarm: Swarm) -> None:
     for step in range(11, 21):
         assert resumed.steps()[step] == reference.steps()[step], f"step {step} differs from an unbroken run"
     assert summary["step"] == 20 and summary["hash"] == ref_summary["hash"]
+
+
+@pytest.mark.timeout(120)
+def test_killed_peer_resumes_from_its_last_periodic_checkpoint(swarm: Swarm) -> None:
+    config = _config(swarm, "run", LONE)
+    ckpt = swarm.tmp / "volunteer.ckpt"
+    first = _start(swarm, config, 0, "--checkpoint", str(ckpt), "--checkpoint-every", "10")
+    swarm.wait_until(lambda: first.last_step() >= 25, 90, "the peer to pass step 25")
+    swarm.kill(first)  # SIGKILL: no exit handler runs; only the periodic checkpoint is left
+    killed_at = first.last_step()
+
+    resumed = _start(
+        swarm, config, 0, "--checkpoint", str(ckpt), "--resume", "--max-steps", str(killed_at + 5)
+    )
+    swarm.finish(resumed, timeout_s=90)
+    loaded = _events(resumed, "resumed")
+    assert len(loaded) == 1, resumed.err.read_text()[-2000:]
+    at = loaded[0]["step"]
+    assert at % 10 == 0 and killed_at - 10 < at <= killed_at, f"checkpoint at {at}, killed at {killed_at}"
+    assert loaded[0]["hash"] == first.steps()[at]
+    assert _step_lines(resumed) == list(range(at + 1, killed_at + 6))
+    for step in range(at + 1, killed_at + 1):  # the redone steps are the same steps
+        assert resumed.steps()[step] == first.steps()[step]
 
 
 @pytest.mark.timeout(120)
