@@ -115,6 +115,7 @@ class SwarmNode:
         self.bytes_received = 0
         kwargs: dict[str, Any] = {}
         if identity_path:
+            _ensure_identity(identity_path)
             kwargs["identity_path"] = identity_path
         if access is not None:  # every DHT request signed with our token, every incoming one checked
             kwargs["authorizer"] = access.authorizer
@@ -322,6 +323,23 @@ class SwarmNode:
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(timeout=10.0)
         self.dht.shutdown()
+
+
+def _ensure_identity(path: str) -> None:
+    """Create the libp2p identity file atomically (hivemind writes it in place: a crash at that moment
+    would leave a truncated key that no later start could read)."""
+    import os
+    from pathlib import Path
+
+    target = Path(path)
+    if target.exists():
+        return
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
+    from hivemind.p2p import P2P
+
+    P2P.generate_identity(str(tmp))
+    os.replace(tmp, target)
 
 
 async def _as_coroutine(aw: Awaitable[T]) -> T:
