@@ -113,6 +113,12 @@ def run(args: argparse.Namespace) -> int:
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
     procs: list[subprocess.Popen[Any]] = []
+    access: list[str] = []  # an invite-only config: the demo is its own organizer and hands out the invite
+    if cfg.access == "invite":
+        import secrets
+
+        invite = secrets.token_urlsafe(12)
+        access = ["--authority-key", str(work / "authority.key"), "--invite", invite]
     coord = subprocess.Popen(
         _cmd(
             "coordinator",
@@ -126,6 +132,7 @@ def run(args: argparse.Namespace) -> int:
             "0",
             "--db",
             str(work / "monitor.sqlite"),
+            *access,
         ),
         stdout=subprocess.PIPE,
         stderr=(work / "coordinator.err").open("w"),
@@ -155,6 +162,7 @@ def run(args: argparse.Namespace) -> int:
                         "--no-progress",
                         "--linger",
                         "3",
+                        *(["--token", access[-1]] if access else []),
                     ),
                     stdout=subprocess.PIPE,
                     stderr=(work / f"volunteer-{i}.err").open("w"),
