@@ -24,6 +24,8 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import logging
+import os
 import secrets
 import threading
 import time
@@ -38,7 +40,9 @@ from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 from hivemind.utils.timed_storage import get_dht_time
 
 MAX_CLOCK_SKEW_S = 60.0
+REFRESH_RETRY_S = 5.0
 _TOKEN_DOMAIN = b"collab-access-token-v1|"
+logger = logging.getLogger(__name__)
 _CALL_DOMAIN = b"collab-call-v1|"
 
 
@@ -153,6 +157,9 @@ class Credentials:
     refresh_margin: float = 0.3
     _issued: float = field(default_factory=get_dht_time)
     _lock: threading.Lock = field(default_factory=threading.Lock)
+    _refreshing: bool = False
+    _next_try: float = 0.0
+    _pid: int = field(default_factory=os.getpid)
 
     def matches_key(self) -> bool:
         """Whether the token was issued for this peer's key (peers refuse it otherwise)."""
@@ -164,21 +171,34 @@ class Credentials:
         return expiration_of(t) - get_dht_time() < self.refresh_margin * lifetime
 
     def current(self) -> AccessToken:
-        """The token, refreshed first if it is close to expiry (a failed refresh keeps the old one)."""
+        """The token. Close to expiry, a refresh starts in the background (never blocking the caller,
+        which may be an event loop); a failed one is retried after ``REFRESH_RETRY_S``."""
         if self.fetch is not None and self.needs_refresh():
+            if self._pid != os.getpid():  # forked (hivemind's DHT process): the parent's thread is not ours
+                self._pid, self._lock, self._refreshing = os.getpid(), threading.Lock(), False
             with self._lock:
-                if self.needs_refresh():
-                    try:
-                        fresh = self.fetch()
-                        check_token(fresh, self.authority)
-                        self.token, self._issued = fresh, get_dht_time()
-                    except Exception:  # the coordinator may be briefly away: retry on the next call
-                        pass
+                start = not self._refreshing and time.monotonic() >= self._next_try
+                self._refreshing = self._refreshing or start
+            if start:
+                threading.Thread(target=self._refresh, name="collab-token-refresh", daemon=True).start()
         return self.token
+
+    def _refresh(self) -> None:
+        assert self.fetch is not None
+        try:
+            fresh = self.fetch()
+            check_token(fresh, self.authority)
+            self._issued = get_dht_time()
+            self.token = fresh
+        except Exception as e:  # the coordinator may be briefly away: keep the old token, retry later
+            logger.warning("could not refresh the access token (%s); retrying in %.0fs", e, REFRESH_RETRY_S)
+            self._next_try = time.monotonic() + REFRESH_RETRY_S
+        finally:
+            self._refreshing = False
 
     def __getstate__(self) -> dict[str, Any]:  # picklable for hivemind's DHT process
         state = self.__dict__.copy()
-        state["_lock"] = None
+        state["_lock"], state["_refreshing"] = None, False
         state["token"] = self.token.SerializeToString()
         state["authority"] = self.authority.to_bytes()
         return state

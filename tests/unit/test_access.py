@@ -117,8 +117,30 @@ def test_holder_refreshes_before_expiry() -> None:
     creds = _creds(PEER, token=_token(PEER, ttl_s=60), fetch=fetch)
     assert creds.current() is creds.token and not fetched  # plenty of lifetime left
     creds.token, creds._issued = _token(PEER, ttl_s=5), time.time() - 55  # 5 s of 60 left: refresh
-    fresh = creds.current()
-    assert fetched and float(fresh.expiration_time) > time.time() + 50
+    old = creds.current()  # still the old token: the refresh runs in the background
+    deadline = time.time() + 10
+    while creds.token is old and time.time() < deadline:
+        time.sleep(0.01)
+    assert len(fetched) == 1 and float(creds.token.expiration_time) > time.time() + 50
+
+
+def test_a_slow_or_failing_refresh_never_blocks_the_holder() -> None:
+    calls: list[float] = []
+
+    def fetch():
+        calls.append(time.time())
+        time.sleep(0.5)
+        raise OSError("coordinator away")
+
+    creds = _creds(PEER, token=_token(PEER, ttl_s=5), fetch=fetch)
+    creds._issued = time.time() - 55
+    t0 = time.time()
+    for _ in range(50):
+        assert creds.current() is creds.token
+    assert time.time() - t0 < 0.2, "current() must not wait for the coordinator"
+    time.sleep(0.8)
+    creds.current()
+    assert len(calls) == 1, "one refresh at a time, and a failed one waits before retrying"
 
 
 def _dht_request(authorizer: SwarmAuthorizer) -> dht_pb2.PingRequest:
