@@ -121,8 +121,18 @@ class CompressedMessage:
         return b"".join(parts)
 
     @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview) -> CompressedMessage:
-        """Parse bytes produced by :meth:`to_bytes`; raises :class:`MessageFormatError` on bad input."""
+    def from_bytes(
+        cls,
+        data: bytes | bytearray | memoryview,
+        *,
+        max_numel: int | None = None,
+        kinds: tuple[MessageKind, ...] | None = None,
+    ) -> CompressedMessage:
+        """Parse bytes produced by :meth:`to_bytes`; raises :class:`MessageFormatError` on bad input.
+
+        ``max_numel`` and ``kinds`` (what the receiver expects) are checked on the header, before any
+        work that scales with ``numel`` - hostile input must not make the receiver allocate.
+        """
         buf = memoryview(data)
         if len(buf) < _HEADER.size:
             raise MessageFormatError("message shorter than its header")
@@ -137,6 +147,11 @@ class CompressedMessage:
             raise MessageFormatError(f"unknown message kind {kind_code}") from e
         if coding != _INDEX_CODING_LEB128_GAPS:
             raise MessageFormatError(f"unknown index coding {coding}")
+        if max_numel is not None and numel > max_numel:
+            raise MessageFormatError(f"numel {numel} exceeds the expected {max_numel}")
+        if kinds is not None and kind not in kinds:
+            wanted = "/".join(k.name for k in kinds)
+            raise MessageFormatError(f"a {kind.name} message where {wanted} was expected")
         if count > numel or (kind == MessageKind.DENSE and count != numel):
             raise MessageFormatError("value count inconsistent with numel")
         offset = _HEADER.size

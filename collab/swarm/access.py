@@ -25,6 +25,7 @@ import base64
 import hashlib
 import json
 import logging
+import math
 import os
 import secrets
 import threading
@@ -262,20 +263,25 @@ class CallVerifier:
         self._nonces: dict[str, float] = {}
         self._lock = threading.Lock()
 
-    def precheck(self, header: dict[str, Any]) -> tuple[AccessToken, dict[str, Any]]:
+    def precheck(
+        self, header: dict[str, Any], *, check_time: bool = True
+    ) -> tuple[AccessToken, dict[str, Any]]:
         auth = header.get("auth")
         if not isinstance(auth, dict):
             raise AccessDenied("no access token: this run is invite-only")
         token = token_from_text(str(auth.get("token", "")))
         check_token(token, self.authority)
         t = auth.get("time")
-        if not isinstance(t, float | int) or abs(float(t) - get_dht_time()) > MAX_CLOCK_SKEW_S:
+        if not isinstance(t, float | int) or not math.isfinite(t):
+            raise AccessDenied("call without a valid timestamp")
+        if check_time and abs(float(t) - get_dht_time()) > MAX_CLOCK_SKEW_S:
             raise AccessDenied("call timestamp too far from now (clock skew or a replay)")
         return token, auth
 
     def verify(self, name: str, header: dict[str, Any], payload: bytes) -> str:
         """The caller's token name; raises :class:`AccessDenied`."""
-        token, auth = self.precheck(header)
+        # The timestamp was checked when the header arrived (a long upload must not expire it here).
+        token, auth = self.precheck(header, check_time=False)
         nonce = str(auth.get("nonce", ""))
         body = {k: v for k, v in header.items() if k != "auth"}
         digest = hashlib.sha256(payload).hexdigest()

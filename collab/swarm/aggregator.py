@@ -83,13 +83,18 @@ class SwarmAggregator(Aggregator):
             )
             mean = self.node.run(
                 self.reducer.reduce(group, c.message, c.weight, self._layout(c.message)),
-                timeout_s=self.cfg.allreduce_timeout_s + 5.0,
+                timeout_s=self.cfg.allreduce_timeout_s + 8.0,
             )
         except PeerUnreachable as e:
             self.matchmaker.suspect(e.peer)
             raise
         except TimeoutError:
             raise RoundFailed(f"round {round_id} timed out") from None
+        except RoundFailed:
+            raise
+        except Exception as e:  # hostile or broken peers' answers must not kill this peer: skip the round
+            logger.warning("round %s failed unexpectedly: %s: %s", round_id, type(e).__name__, e)
+            raise RoundFailed(f"round {round_id}: {type(e).__name__}: {e}") from None
         finally:
             self.stats.wire_bytes_sent += self.node.bytes_sent - sent0
             self.stats.wire_bytes_received += self.node.bytes_received - recv0

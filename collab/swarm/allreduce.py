@@ -34,7 +34,7 @@ import signal
 import time
 from dataclasses import dataclass, field
 
-from collab.compression import CompressedMessage, MessageFormatError, weighted_mean
+from collab.compression import CompressedMessage, MessageFormatError, MessageKind, weighted_mean
 from collab.compression.partition import assemble, bounds, check_part, layout_of, split
 from collab.compression.validate import check_finite, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
@@ -46,6 +46,8 @@ from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportErro
 logger = logging.getLogger(__name__)
 
 PART = "collab.part"
+CALL_MARGIN_S = 2.0
+UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer has not formed (yet)
 
 # Fault injection for tests (torchft-style ``fail_at(peer, step)``): with COLLAB_FAIL_AT=ROUND (e.g.
 # "12.delta") a peer SIGKILLs its whole process group - itself, its DHT and p2pd - in the middle of that
@@ -97,7 +99,7 @@ class _Slot:
     me: int = -1
     received: dict[tuple[int, str], tuple[Header, bytes]] = field(default_factory=dict)  # (sender, remote)
     refused: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
-    conflicts: dict[int, str] = field(default_factory=dict)
+    conflicts: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
     own: tuple[CompressedMessage, float] | None = None
     result: asyncio.Future[tuple[bytes, dict[int, str]]] | None = None
     created: float = field(default_factory=time.monotonic)
@@ -130,6 +132,9 @@ class ExactReducer:
                 self._slots.pop(old, None)
         return slot
 
+    def _unknown_bytes(self) -> int:
+        return sum(len(p) for s in self._slots.values() if s.group is None for _, p in s.received.values())
+
     @staticmethod
     def _is_member(group: Group, i: int, remote: str) -> bool:
         return 0 <= i < len(group) and group.peers[i] == remote
@@ -139,7 +144,7 @@ class ExactReducer:
         try:
             slot = self._slot(str(header["group_id"]), int(header["part"]))
             slot.refused[(int(header["sender"]), remote)] = reason
-        except (KeyError, TypeError, ValueError):
+        except (KeyError, TypeError, ValueError, OverflowError):
             return
         self._maybe_finish(slot)
 
@@ -151,10 +156,12 @@ class ExactReducer:
         if slot.group is not None and not self._is_member(slot.group, sender, remote):
             raise ValueError("sender is not that member of the group")
         old = slot.received.get((sender, remote))
+        if old is None and slot.group is None and self._unknown_bytes() + len(payload) > UNKNOWN_GROUP_BYTES:
+            raise ValueError("too many parts for groups this peer is not in")
         if old is None:
             slot.received[(sender, remote)] = (header, payload)
         elif (old[0].get("weight"), old[1]) != (header.get("weight"), payload):
-            slot.conflicts[sender] = "sent two different parts"
+            slot.conflicts[(sender, remote)] = "sent two different parts"
         self._maybe_finish(slot)
         result, excluded = await self._await_result(slot)
         if sender in excluded:
@@ -167,8 +174,8 @@ class ExactReducer:
         peer = slot.group.peers[i]
         if self.bans.is_banned(peer):
             raise ValueError("banned")
-        if i in slot.conflicts:
-            raise ValueError(slot.conflicts[i])
+        if (i, peer) in slot.conflicts:
+            raise ValueError(slot.conflicts[(i, peer)])
         if (i, peer) in slot.refused:
             raise ValueError(slot.refused[(i, peer)])
         header, payload = slot.received[(i, peer)]
@@ -176,18 +183,19 @@ class ExactReducer:
             if _Params.of(header) != slot.params:
                 raise ValueError("part does not match the round's layout")
             weight = float(header["weight"])
-        except (KeyError, TypeError, ValueError, IndexError):
+        except (KeyError, TypeError, ValueError, IndexError, OverflowError):
             raise ValueError("part does not match the round's layout") from None
         if not (math.isfinite(weight) and weight > 0):
             raise ValueError(f"invalid weight {weight!r}")
         limit = max_part_bytes(slot.params.entries(slot.me))
         if len(payload) > limit:
             raise ValueError(f"oversized part: {len(payload)} bytes, a valid one has at most {limit}")
+        p = slot.params
+        expected = (MessageKind.SPARSE,) if p.layout == "sparse" else (MessageKind.DENSE,)
         try:
-            part = CompressedMessage.from_bytes(payload)
+            part = CompressedMessage.from_bytes(payload, max_numel=p.numel, kinds=expected)
         except MessageFormatError as e:
             raise ValueError(f"malformed part: {e}") from None
-        p = slot.params
         check_part(part, layout=p.layout, numel=p.numel, n=p.n, j=slot.me, count=p.count)
         check_finite(part)
         return part, weight
@@ -212,6 +220,8 @@ class ExactReducer:
                 valid[i] = self._check(slot, i)
             except ValueError as e:
                 excluded[i] = str(e)
+            except Exception as e:  # anything else a hostile part provokes is still its sender's fault
+                excluded[i] = f"invalid part ({type(e).__name__})"
         ratio = self.cfg.max_norm_ratio
         for i, why in outliers({i: norm_of(m) for i, (m, _) in valid.items()}, ratio, trusted=me).items():
             excluded[i] = f"norm {why}"
@@ -230,6 +240,8 @@ class ExactReducer:
         try:
             return await asyncio.wait_for(asyncio.shield(slot.result), self.cfg.allreduce_timeout_s)
         except TimeoutError:
+            if slot.result.done() and slot.result.exception() is None:  # completed as the wait ran out
+                return slot.result.result()
             have = sorted({i for i, _ in slot.received})
             if not slot.result.done():
                 slot.result.set_exception(
@@ -245,6 +257,8 @@ class ExactReducer:
 
         ``layout`` must be the same on every member (default: the message's own shape).
         """
+        if self.node.peer_key not in group.peers:
+            raise RoundFailed(f"round {group.round_id}: the leader's member list leaves this peer out")
         me = group.index_of(self.node.peer_key)
         n = len(group)
         layout = layout or layout_of(message)
@@ -279,7 +293,8 @@ class ExactReducer:
                     PART,
                     {**header, "part": j},
                     parts[j].to_bytes(),
-                    timeout_s=self.cfg.allreduce_timeout_s,
+                    # the owner waits up to allreduce_timeout_s once our part is in: allow for the upload
+                    timeout_s=self.cfg.allreduce_timeout_s + CALL_MARGIN_S,
                 )
             except RemoteError as e:  # the owner answered: it is alive, the round failed elsewhere
                 raise RoundFailed(f"part {j}: {e}") from None
@@ -304,13 +319,15 @@ class ExactReducer:
         reduced_parts = []
         for j, (blob, _) in enumerate(answers):
             # Everyone receives these same bytes, so everyone takes the same decision on them.
+            expected = (MessageKind.SPARSE,) if layout == "sparse" else (MessageKind.DENSE,)
             try:
-                part = CompressedMessage.from_bytes(blob)
+                part = CompressedMessage.from_bytes(blob, max_numel=message.numel, kinds=expected)
                 check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])
                 check_finite(part)
-            except (MessageFormatError, ValueError) as e:
-                self.bans.ban(group.peers[j], f"invalid reduced part: {e}", group.round_id)
-                raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is invalid: {e}") from None
+            except Exception as e:  # whatever the bytes provoke: the same verdict on every member
+                why = str(e) if isinstance(e, ValueError) else type(e).__name__
+                self.bans.ban(group.peers[j], f"invalid reduced part: {why}", group.round_id)
+                raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is invalid: {why}") from None
             reduced_parts.append(part)
         # An owner could inflate its part of the aggregate: compare the parts' RMS (same bytes everywhere,
         # so the same verdict everywhere), with a wide margin since parts cover different coordinates.

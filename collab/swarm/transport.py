@@ -53,7 +53,10 @@ async def _read_header(reader: asyncio.StreamReader) -> tuple[Header, int, int]:
     head_len = int.from_bytes(await reader.readexactly(4), "little")
     if head_len > MAX_HEADER_BYTES:
         raise TransportError(f"frame header of {head_len} bytes exceeds {MAX_HEADER_BYTES}")
-    header = json.loads(await reader.readexactly(head_len))
+    try:
+        header = json.loads(await reader.readexactly(head_len))
+    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deeply
+        raise TransportError("frame header is not valid JSON") from None
     if not isinstance(header, dict):
         raise TransportError("frame header is not a JSON object")
     return header, head_len, int.from_bytes(await reader.readexactly(8), "little")
@@ -68,6 +71,12 @@ async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[H
 
 
 _DRAIN_FACTOR = 8
+HEADER_READ_TIMEOUT_S = 30.0  # a stream that does not send its header by then is dropped
+
+
+def _payload_timeout(size: int) -> float:
+    """Time allowed to receive ``size`` bytes: generous (1 MB/s), but a stalled sender is dropped."""
+    return 30.0 + size / 1e6
 
 
 async def _discard(reader: asyncio.StreamReader, size: int) -> None:
@@ -180,25 +189,29 @@ class SwarmNode:
         async def on_stream(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
             remote = info.peer_id.to_base58()
             try:
-                header, head_len, size = await _read_header(reader)
+                header, head_len, size = await asyncio.wait_for(_read_header(reader), HEADER_READ_TIMEOUT_S)
                 self.bytes_received += 12 + head_len
-                refusal = None
+                refusal, drain = None, True
                 if self._verifier is not None:
                     try:
                         self._verifier.precheck(header)
                     except AccessDenied as e:
-                        refusal = f"unauthorized: {e}"
+                        refusal, drain = f"unauthorized: {e}", False  # no work for strangers
                 if refusal is None and size > limit:
                     refusal = f"payload of {size} bytes exceeds the limit of {limit}"
                     if on_refused is not None:
                         on_refused(header, refusal, remote)
                 if refusal is not None:
                     logger.info("%s: refused %s from %s: %s", self.peer_key[-6:], name, remote[-6:], refusal)
-                    if size <= _DRAIN_FACTOR * limit:  # read and drop it: the stream stays healthy
-                        await _discard(reader, size)
+                    if drain and size <= _DRAIN_FACTOR * limit:  # read and drop it: the stream stays healthy
+                        await asyncio.wait_for(_discard(reader, size), _payload_timeout(size))
                     out_header, out_payload = {"error": refusal}, b""
                 else:
-                    payload = await reader.readexactly(size) if size else b""
+                    payload = (
+                        await asyncio.wait_for(reader.readexactly(size), _payload_timeout(size))
+                        if size
+                        else b""
+                    )
                     self.bytes_received += size
                     try:
                         if self._verifier is not None:
@@ -216,7 +229,13 @@ class SwarmNode:
                 writer.write(frame)
                 await writer.drain()
                 self.bytes_sent += len(frame)
-            except (asyncio.IncompleteReadError, ConnectionError, TransportError, ValueError) as e:
+            except (
+                asyncio.IncompleteReadError,
+                ConnectionError,
+                TransportError,
+                ValueError,
+                TimeoutError,
+            ) as e:
                 logger.debug("%s: dropped %s stream from %s: %s", self.peer_key[-6:], name, remote[-6:], e)
             finally:
                 writer.close()

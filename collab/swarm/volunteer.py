@@ -88,6 +88,7 @@ class Volunteer:
         self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115 (closed in close())
         self._alive_key = f"{cfg.run_id}_alive"
         self._failures_in_row = 0
+        self._last_mismatch: tuple[str, int] | None = None
         node.serve(STATE, self._handle_state)
         self._beat_stop = threading.Event()
         self._beat = threading.Thread(target=self._heartbeat_loop, name="collab-heartbeat", daemon=True)
@@ -199,12 +200,32 @@ class Volunteer:
                 logger.warning(
                     "%s: state from %s does not match its hash or method; ignored", self.name, peer[-6:]
                 )
+                self.aggregator.matchmaker.suspect(peer)
                 continue
-            self.method.adopt_state(state)
+            try:
+                self.method.adopt_state(state)
+            except ValueError as e:  # the right hash, but not a state of this run (other shapes)
+                logger.warning("%s: state from %s does not fit this run: %s", self.name, peer[-6:], e)
+                self.aggregator.matchmaker.suspect(peer)
+                continue
             logger.info("%s: synchronized to step %d from %s", self.name, state.step, peer[-6:])
             self._emit(event="sync", step=state.step, source=peer, hash=state.hash())
             return True
         return False
+
+    def _resolve_mismatch(self, leader: str) -> bool:
+        """Take the state of a leader that holds another state at our step - once per (leader, step): a
+        leader that still disagrees after we took its own state is lying, and is avoided."""
+        self._emit(event="state_mismatch", step=self.step, leader=leader)
+        if self._last_mismatch == (leader, self.step):
+            logger.warning("%s: %s keeps refusing its own state; avoiding it", self.name, leader[-6:])
+            self.aggregator.matchmaker.suspect(leader)
+            return False
+        self._last_mismatch = (leader, self.step)
+        logger.warning(
+            "%s step %d: leader %s holds another state; taking it", self.name, self.step, leader[-6:]
+        )
+        return self.sync(source=leader)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, *, max_steps: int | None = None, give_up_after_s: float | None = None) -> int:
@@ -232,12 +253,6 @@ class Volunteer:
                     )
                     continue
                 report = self.method.step()
-            except StateMismatch as e:  # two groups once committed this step apart: the leader's wins
-                logger.warning("%s step %d: %s; taking its state", self.name, self.step, e)
-                self._emit(event="state_mismatch", step=self.step, leader=e.peer)
-                if self.sync(source=e.peer):
-                    last_progress = time.monotonic()
-                continue
             except RoundFailed as e:
                 self._failures_in_row += 1
                 logger.info("%s step %d: round failed (%s)", self.name, self.step, e)
@@ -246,7 +261,10 @@ class Volunteer:
                     logger.warning("%s: no progress for %.0fs; stopping", self.name, patience)
                     break
                 self.check_config_version()
-                if self.sync():
+                adopted = False
+                if isinstance(e, StateMismatch):  # two groups once committed this step apart
+                    adopted = self._resolve_mismatch(e.peer)
+                if adopted or self.sync():
                     last_progress = time.monotonic()
                 else:
                     self.stop_event.wait(min(2.0, 0.05 * 2 ** min(self._failures_in_row - 1, 6)))

@@ -103,8 +103,13 @@ def test_call_without_token_for_another_key_or_expired_is_refused() -> None:
         verifier.verify("collab.part", expired.sign("collab.part", "callee", {}, b""), b"")
     stale = CallSigner(_creds(PEER)).sign("collab.part", "callee", {}, b"")
     stale["auth"]["time"] -= 3600
-    with pytest.raises(AccessDenied, match="timestamp"):
+    with pytest.raises(AccessDenied, match="timestamp"):  # checked as the header arrives
+        verifier.precheck(stale)
+    with pytest.raises(AccessDenied, match="signature"):  # and the time is signed: no fixing it up
         verifier.verify("collab.part", stale, b"")
+    stale["auth"]["time"] = float("nan")
+    with pytest.raises(AccessDenied, match="timestamp"):
+        verifier.precheck(stale)
 
 
 def test_holder_refreshes_before_expiry() -> None:
