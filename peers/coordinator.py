@@ -118,16 +118,12 @@ def _load_or_create_invite(path: Path) -> str:
         invite = path.read_text().strip()
         if invite:
             return invite
-    import os
     import secrets
 
+    from collab.files import atomic_write
+
     invite = secrets.token_urlsafe(18)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(invite + "\n")
-    os.replace(tmp, path)
+    atomic_write(path, (invite + "\n").encode(), mode=0o600)
     return invite
 
 

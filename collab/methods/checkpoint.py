@@ -14,13 +14,12 @@ checkpoint or the new one, never half a file.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import os
 from pathlib import Path
 from typing import Any
 
+from collab.files import atomic_write
 from collab.methods.base import MethodState
 
 MAGIC = b"COLLABCK"
@@ -97,20 +96,7 @@ def decode_checkpoint(
 
 def write_checkpoint(path: str | Path, data: bytes) -> None:
     """Atomically replace ``path`` with ``data`` (temp file, fsync, rename, fsync of the folder)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    with contextlib.suppress(OSError):  # not every filesystem lets a folder be opened for fsync
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    atomic_write(path, data)
 
 
 def read_checkpoint(path: str | Path, *, config_version: str, method: str) -> MethodState | None:

@@ -40,6 +40,8 @@ from hivemind.utils.auth import TokenAuthorizerBase
 from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 from hivemind.utils.timed_storage import get_dht_time
 
+from collab.files import atomic_write
+
 MAX_CLOCK_SKEW_S = 60.0
 REFRESH_RETRY_S = 5.0
 _TOKEN_DOMAIN = b"collab-access-token-v1|"
@@ -54,19 +56,11 @@ class AccessDenied(RuntimeError):
 # ---- keys ----------------------------------------------------------------------------------------------
 def load_or_create_key(path: str) -> RSAPrivateKey:
     """The RSA key in ``path`` (DER), created atomically (mode 0600) if the file does not exist."""
-    import os
-    from pathlib import Path
-
-    p = Path(path)
-    if p.exists():
-        return private_key_from_bytes(p.read_bytes())
+    if os.path.exists(path):
+        with open(path, "rb") as f:
+            return private_key_from_bytes(f.read())
     key = RSAPrivateKey()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(key.to_bytes())
-    os.replace(tmp, p)
+    atomic_write(path, key.to_bytes(), mode=0o600)
     return key
 
 

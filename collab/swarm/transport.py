@@ -17,9 +17,11 @@ import asyncio
 import contextlib
 import json
 import logging
+import os
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from pathlib import Path
 from typing import Any, TypeVar
 
 import hivemind
@@ -347,9 +349,6 @@ class SwarmNode:
 def _ensure_identity(path: str) -> None:
     """Create the libp2p identity file atomically (hivemind writes it in place: a crash at that moment
     would leave a truncated key that no later start could read)."""
-    import os
-    from pathlib import Path
-
     target = Path(path)
     if target.exists():
         return

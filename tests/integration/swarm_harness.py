@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -105,8 +105,10 @@ class Swarm:
         env: dict[str, str] | None = None,
         max_steps: int | None = None,
         launcher: list[str] | None = None,
+        extra: Sequence[str] = (),
     ) -> Peer:
-        """Start ``collab join`` (or ``launcher`` with the same arguments) for ``device_index``."""
+        """Start ``collab join`` (or ``launcher`` with the same arguments) for ``device_index``; ``extra``
+        flags come last (a repeated flag overrides the default)."""
         n = len(self.peers)
         log, err = self.tmp / f"peer{n}.jsonl", self.tmp / f"peer{n}.err"
         cmd = [
@@ -116,6 +118,7 @@ class Swarm:
         ]  # fmt: skip
         if max_steps is not None:
             cmd += ["--max-steps", str(max_steps)]
+        cmd += extra
         proc = subprocess.Popen(
             cmd,
             stdout=subprocess.PIPE,

@@ -12,15 +12,12 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from tests.conftest import COLLAB
 from tests.integration.swarm_harness import Peer, Swarm
 
 LONE = {
@@ -53,25 +50,8 @@ def _config(swarm: Swarm, name: str, data: dict[str, Any]) -> Path:
 
 
 def _start(swarm: Swarm, config: Path, device_index: int, *extra: str) -> Peer:
-    """Like ``Swarm.start`` (and reaped by the fixture like its peers), with extra `collab join` flags."""
-    n = len(swarm.peers)
-    log, err = swarm.tmp / f"peer{n}.jsonl", swarm.tmp / f"peer{n}.err"
-    cmd = [
-        *COLLAB, "--log-level", "INFO", "join", "--config", str(config), "--initial-peers", swarm.maddr,
-        "--device-index", str(device_index), "--log-file", str(log), "--json", "--linger", "1",
-        "--no-progress", *extra,
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=err.open("w"),
-        text=True,
-        start_new_session=True,
-        env=dict(os.environ),
-    )
-    peer = Peer(n, proc, log, err)
-    swarm.peers.append(peer)
-    return peer
+    """``Swarm.start`` (reaped by the fixture like its peers) with extra `collab join` flags."""
+    return swarm.start(config, device_index, extra=["--linger", "1", "--no-progress", *extra])
 
 
 def _step_lines(peer: Peer) -> list[int]:
