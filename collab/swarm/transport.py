@@ -36,6 +36,7 @@ Header = dict[str, Any]
 Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, bytes]]]
 
 MAX_HEADER_BYTES = 64 * 1024
+BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
 
 
 class TransportError(RuntimeError):
@@ -130,16 +131,24 @@ class SwarmNode:
             kwargs["identity_path"] = identity_path
         if access is not None:  # every DHT request signed with our token, every incoming one checked
             kwargs["authorizer"] = access.authorizer
-        self.dht = hivemind.DHT(
-            initial_peers=list(initial_peers),
-            host_maddrs=[f"/ip4/{host}/tcp/{port}"],
-            client_mode=client_mode,
-            record_validators=list(record_validators),
-            ensure_bootstrap_success=ensure_bootstrap_success,
-            start=True,
-            await_ready=True,
-            **kwargs,
-        )
+        for attempt in range(BOOTSTRAP_ATTEMPTS):
+            try:
+                self.dht = hivemind.DHT(
+                    initial_peers=list(initial_peers),
+                    host_maddrs=[f"/ip4/{host}/tcp/{port}"],
+                    client_mode=client_mode,
+                    record_validators=list(record_validators),
+                    ensure_bootstrap_success=ensure_bootstrap_success,
+                    start=True,
+                    await_ready=True,
+                    **kwargs,
+                )
+                break
+            except Exception as e:  # a busy peer may miss a ping: try again before giving up
+                if "bootstrap failed" not in str(e) or attempt == BOOTSTRAP_ATTEMPTS - 1:
+                    raise
+                logger.warning("joining the DHT failed (%s); retrying", e)
+                time.sleep(2.0 * (attempt + 1))
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="collab-swarm", daemon=True)
         self._thread.start()

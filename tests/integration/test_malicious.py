@@ -74,7 +74,8 @@ def test_malicious_peers_are_dropped_and_banned(swarm: Swarm) -> None:
     # Every attacker was banned by the honest peers, for what it did.
     keys = {}
     for mode, peer in hostile.items():
-        line = next(x for x in peer.err.read_text().splitlines() if ": peer " in x)
+        line = next((x for x in peer.err.read_text().splitlines() if ": peer " in x), None)
+        assert line is not None, f"the {mode} attacker never joined:\n{peer.err.read_text()[-1500:]}"
         keys[mode] = line.split(": peer ", 1)[1].split(",", 1)[0]
     bans = [r for p in honest for r in p.records() if r.get("event") == "ban"]
     for mode, reason in ATTACKS.items():
