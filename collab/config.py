@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 MethodName = Literal["extragradient", "masha1", "masha2"]
 CompressorName = Literal["identity", "randk", "topk"]
@@ -71,7 +71,61 @@ class AdversarialTaskConfig(_Section):
         return self
 
 
-TaskConfig = Annotated[BilinearTaskConfig | AdversarialTaskConfig, Field(discriminator="name")]
+FACTORY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
+
+
+class TorchTaskConfig(_Section):
+    """A PyTorch model of the organizer's own (see collab/tasks/torch_task.py and the README's "Train your
+    own model"): a factory in code every volunteer has installed, called with ``options``."""
+
+    name: Literal["torch"] = "torch"
+    factory: str = Field(
+        ...,
+        max_length=200,
+        pattern=FACTORY_PATTERN,
+        description="'package.module:function' returning a TorchProblem, importable on every peer "
+        "(never fetched: volunteers install the package themselves)",
+    )
+    options: dict[str, JsonValue] = Field(
+        default_factory=dict, description="keyword arguments of the factory (plain JSON values)"
+    )
+    batch_size: int = Field(16, ge=1, le=65536, description="examples per device per step")
+
+
+TaskConfig = Annotated[
+    BilinearTaskConfig | AdversarialTaskConfig | TorchTaskConfig, Field(discriminator="name")
+]
+
+
+class ScheduleConfig(_Section):
+    """The stepsize as a function of the step: ``gamma * factor(step)``."""
+
+    name: Literal["constant", "cosine", "linear"] = Field(
+        "constant", description="constant, or cosine / linear decay to min_ratio after the warmup"
+    )
+    warmup_steps: int = Field(0, ge=0, description="linear warmup from gamma/warmup_steps to gamma")
+    min_ratio: float = Field(0.0, ge=0, le=1, description="final stepsize as a fraction of gamma (decays)")
+    total_steps: int | None = Field(
+        None, ge=1, description="step at which the decay ends (null: the run's max_steps)"
+    )
+
+
+class OptimizerConfig(_Section):
+    """The update applied to the group's aggregate direction (collab/methods/optimizers.py)."""
+
+    name: Literal["sgd", "adam", "adamw", "lamb"] = Field(
+        "sgd", description="sgd (the paper's update), adam, adamw (decoupled decay) or lamb (trust ratios)"
+    )
+    beta1: float = Field(0.9, ge=0, lt=1, description="first-moment decay (adaptive optimizers)")
+    beta2: float = Field(0.999, ge=0, lt=1, description="second-moment decay (adaptive optimizers)")
+    eps: float = Field(1e-8, gt=0, le=1, description="added to the preconditioner's denominator")
+    weight_decay: float = Field(0.0, ge=0, le=1, description="weight decay (not on biases, norms, adversary)")
+    clip_norm: float | None = Field(
+        None, gt=0, description="clip the aggregate direction to this Euclidean norm (null: no clipping)"
+    )
+    schedule: ScheduleConfig = Field(
+        default_factory=lambda: ScheduleConfig(), description="the stepsize schedule"
+    )
 
 
 class MethodConfig(_Section):
@@ -92,6 +146,10 @@ class MethodConfig(_Section):
     )
     server_compressor: CompressorConfig = Field(
         default_factory=lambda: CompressorConfig(), description="compressor applied to the group's aggregate"
+    )
+    optimizer: OptimizerConfig = Field(
+        default_factory=lambda: OptimizerConfig(),
+        description="update rule on the aggregate (gamma is its base stepsize / learning rate)",
     )
 
     @model_validator(mode="after")
@@ -182,6 +240,19 @@ class RunConfig(_Section):
     access_token_ttl_s: float = Field(
         3600.0, ge=10, le=30 * 86400, description="lifetime of an access token (refreshed before expiry)"
     )
+
+    @model_validator(mode="after")
+    def _schedules_fit(self) -> RunConfig:
+        named = [("method", self.method), *((f"compare.{i}", m) for i, m in enumerate(self.compare))]
+        for where, mc in named:
+            sched = mc.optimizer.schedule
+            total = sched.total_steps or self.max_steps
+            if sched.warmup_steps and sched.warmup_steps >= total:
+                raise ValueError(
+                    f"{where}.optimizer.schedule.warmup_steps ({sched.warmup_steps}) must be smaller than "
+                    f"the schedule's total steps ({total})"
+                )
+        return self
 
     def version(self) -> str:
         """A short hash of the canonical JSON form; equal configs have equal versions."""

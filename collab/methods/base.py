@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 import torch
 
 from collab.compression import CompressedMessage, Compressor
+from collab.methods.optimizers import UpdateRule
 from collab.tasks.base import LocalOperator
 
 
@@ -219,6 +220,7 @@ class Method(ABC):
         gamma: float,
         seed: int,
         project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        optimizer: UpdateRule | None = None,
     ) -> None:
         if gamma <= 0:
             raise ValueError("gamma must be positive")
@@ -227,6 +229,9 @@ class Method(ABC):
         self.workers = list(workers)
         self.aggregator = aggregator
         self.gamma = float(gamma)
+        # The update rule on the group's direction (default: the paper's constant-stepsize step); its
+        # moments live in MethodState.extra, so they are hashed, checkpointed and synced with the state.
+        self.optimizer = optimizer or UpdateRule(name="sgd", gamma=gamma)
         self.seed = int(seed)
         self.project = project or (lambda z: z)
         self.dim = int(z0.numel())
@@ -263,6 +268,14 @@ class Method(ABC):
         """Take over a replicated state downloaded from a peer; local device buffers start fresh."""
         if state.z.numel() != self.dim:
             raise ValueError(f"state has {state.z.numel()} coordinates, this method {self.dim}")
+        expected = set(self.optimizer.init_moments(0))
+        if set(state.extra) != expected:
+            raise ValueError(
+                f"state holds optimizer tensors {sorted(state.extra)}, this method's {self.optimizer.name} "
+                f"needs {sorted(expected)}"
+            )
+        if any(t.numel() != self.dim for t in state.extra.values()):
+            raise ValueError("state's optimizer tensors do not match the parameter count")
         self.state = state.clone()
         for worker in self.workers:
             worker.error = torch.zeros(self.dim) if self.error_feedback else None

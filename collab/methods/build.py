@@ -9,6 +9,7 @@ from collab.config import MethodConfig, RunConfig
 from collab.methods.base import Aggregator, Method, Worker
 from collab.methods.extragradient import ExtraGradient
 from collab.methods.masha import MASHA1, MASHA2
+from collab.methods.optimizers import Schedule, UpdateRule
 from collab.rng import derived_seed
 from collab.tasks.base import Task
 
@@ -39,7 +40,12 @@ def build_method(
         for n, i in enumerate(device_indices)
     ]
     common = dict(
-        z0=task.initial_point(), workers=workers, aggregator=aggregator, gamma=mc.gamma, seed=cfg.seed
+        z0=task.initial_point(),
+        workers=workers,
+        aggregator=aggregator,
+        gamma=mc.gamma,
+        seed=cfg.seed,
+        optimizer=build_update_rule(mc, task, max_steps=cfg.max_steps),
     )
     if mc.name == "extragradient":
         return ExtraGradient(project=task.project, **common)  # type: ignore[arg-type]
@@ -49,4 +55,26 @@ def build_method(
         server_compressor=make_compressor(mc.server_compressor.name, mc.server_compressor.ratio),
         project=task.project,
         **common,  # type: ignore[arg-type]
+    )
+
+
+def build_update_rule(mc: MethodConfig, task: Task, *, max_steps: int) -> UpdateRule:
+    """The update rule of ``mc.optimizer`` over ``task``'s parameter layout."""
+    oc = mc.optimizer
+    sched = oc.schedule
+    return UpdateRule(
+        name=oc.name,
+        gamma=mc.gamma,
+        schedule=Schedule(
+            kind=sched.name,
+            warmup_steps=sched.warmup_steps,
+            total_steps=sched.total_steps or max_steps,
+            min_ratio=sched.min_ratio,
+        ),
+        beta1=oc.beta1,
+        beta2=oc.beta2,
+        eps=oc.eps,
+        weight_decay=oc.weight_decay,
+        clip_norm=oc.clip_norm,
+        segments=task.segments(),
     )

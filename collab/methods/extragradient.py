@@ -3,6 +3,9 @@
     z_half  = proj(z - gamma * F(z))
     z_next  = proj(z - gamma * F(z_half))
 
+With an adaptive optimizer both moves are Extra-Adam steps from ``z`` sharing one preconditioner
+(Gidel et al. 2019; collab/methods/optimizers.py).
+
 Two dense exchanges per step; each device evaluates ``F_m`` at ``z`` and ``z_half`` on the same
 minibatch of the step. State ``w``/``fw`` hold ``z``/``F(z)`` of the last step for the state hash.
 """
@@ -21,7 +24,9 @@ class ExtraGradient(Method):
 
     def _initial_state(self) -> MethodState:
         z = self.project(self._z0.clone())
-        return MethodState(step=0, z=z, w=z.clone(), fw=torch.zeros_like(z))
+        return MethodState(
+            step=0, z=z, w=z.clone(), fw=torch.zeros_like(z), extra=self.optimizer.init_moments(z.numel())
+        )
 
     def _step(self, state: MethodState) -> tuple[MethodState, list[torch.Tensor | None], bool]:
         k = state.step
@@ -31,11 +36,14 @@ class ExtraGradient(Method):
             [w.operator.evaluate([state.z], step=k)[0] for w in self.workers],
             weights,
         )
-        z_half = self.project(state.z - self.gamma * fz)
+        plan = self.optimizer.plan(state.extra, k, state.z)  # sgd: z - gamma * direction
+        z_half = self.project(plan.extrapolate(fz))
         fh = self._dense_average(
             RoundKey(k, "eg-half"),
             [w.operator.evaluate([z_half], step=k)[0] for w in self.workers],
             weights,
         )
-        z_next = self.project(state.z - self.gamma * fh)
-        return MethodState(step=k + 1, z=z_next, w=state.z.clone(), fw=fz), [None] * len(self.workers), False
+        moved, moments = plan.update(fh)
+        z_next = self.project(moved)
+        new_state = MethodState(step=k + 1, z=z_next, w=state.z.clone(), fw=fz, extra=moments)
+        return new_state, [None] * len(self.workers), False

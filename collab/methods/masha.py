@@ -13,6 +13,8 @@ Notation and the exact form implemented are in docs/ALGORITHMS.md. One step ``k`
       MASHA1: g = Q_serv(mean_m msg_m)
       MASHA2: s = mean_m c_m; g = C_serv(e + s); e += s - g
     z^{k+1} = proj(zbar - gamma (F(w^k) + g))
+      (with an adaptive optimizer both moves are Extra-Adam steps sharing one preconditioner:
+       collab/methods/optimizers.py)
     shared coin b_k ~ Bernoulli(1 - tau) from (seed, k):
       b_k = 1: w^{k+1} = z^{k+1}, F(w^{k+1}) by an exact uncompressed average (a round of its own)
       b_k = 0: w^{k+1} = w^k
@@ -26,6 +28,7 @@ import torch
 
 from collab.compression import CompressedMessage, Compressor, Identity
 from collab.methods.base import Aggregator, Contribution, Method, MethodState, RoundKey, Worker
+from collab.methods.optimizers import UpdateRule
 from collab.rng import coin, derived_seed
 
 
@@ -41,9 +44,16 @@ class _Masha(Method):
         seed: int,
         server_compressor: Compressor | None = None,
         project: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        optimizer: UpdateRule | None = None,
     ) -> None:
         super().__init__(
-            z0=z0, workers=workers, aggregator=aggregator, gamma=gamma, seed=seed, project=project
+            z0=z0,
+            workers=workers,
+            aggregator=aggregator,
+            gamma=gamma,
+            seed=seed,
+            project=project,
+            optimizer=optimizer,
         )
         if not 0 <= tau < 1:
             raise ValueError("tau must be in [0, 1)")
@@ -57,7 +67,14 @@ class _Masha(Method):
         server_error = torch.zeros_like(z) if self.error_feedback else None
         for worker in self.workers:
             worker.error = torch.zeros_like(z) if self.error_feedback else None
-        return MethodState(step=0, z=z, w=z.clone(), fw=fw, server_error=server_error)
+        return MethodState(
+            step=0,
+            z=z,
+            w=z.clone(),
+            fw=fw,
+            server_error=server_error,
+            extra=self.optimizer.init_moments(z.numel()),
+        )
 
     def _seed_of(self, worker: Worker) -> int:
         return self.seed if worker.compress_seed is None else worker.compress_seed
@@ -83,7 +100,8 @@ class _Masha(Method):
     def _step(self, state: MethodState) -> tuple[MethodState, list[torch.Tensor | None], bool]:
         k = state.step
         zbar = self.tau * state.z + (1.0 - self.tau) * state.w
-        z_half = self.project(zbar - self.gamma * state.fw)
+        plan = self.optimizer.plan(state.extra, k, zbar)  # sgd: zbar - gamma * direction
+        z_half = self.project(plan.extrapolate(state.fw))
 
         contributions: list[Contribution] = []
         new_errors: list[torch.Tensor | None] = []
@@ -108,7 +126,8 @@ class _Masha(Method):
             return g_msg
 
         g = self.aggregator.reduce(RoundKey(k, "delta"), contributions, server).decompress()
-        z_next = self.project(zbar - self.gamma * (state.fw + g))
+        moved, moments = plan.update(state.fw + g)
+        z_next = self.project(moved)
 
         refreshed = coin(self.seed, k, "masha-reference", 1.0 - self.tau)
         if refreshed:
@@ -121,6 +140,7 @@ class _Masha(Method):
             w=w_next,
             fw=fw_next,
             server_error=server_out.get("error", state.server_error),
+            extra=moments,
         )
         return new_state, new_errors, refreshed
 

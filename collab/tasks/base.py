@@ -9,8 +9,19 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A contiguous run of the flat vector ``z`` (one parameter tensor): its name, its length and
+    whether weight decay applies to it (not to biases, norms or the adversary's tensors)."""
+
+    name: str
+    size: int
+    decay: bool = True
 
 
 class LocalOperator(ABC):
@@ -51,6 +62,10 @@ class Task(ABC):
     def project(self, z: torch.Tensor) -> torch.Tensor:
         """Euclidean projection onto the feasible set (identity when unconstrained)."""
         return z
+
+    def segments(self) -> list[Segment]:
+        """The layout of ``z`` into named tensors (optimizers decay and scale per segment)."""
+        return [Segment("z", self.dim, decay=True)]
 
     @abstractmethod
     def metric(self, z: torch.Tensor) -> float:

@@ -7,27 +7,19 @@ from collab.tasks.base import Task
 from collab.tasks.bilinear import BilinearTask
 
 
-def build_task(cfg: RunConfig, *, num_devices: int | None = None, device: str = "cpu") -> Task:
+def build_task(
+    cfg: RunConfig,
+    *,
+    num_devices: int | None = None,
+    device: str = "cpu",
+    precision: str = "fp32",
+    batch_size: int | None = None,
+) -> Task:
     """The task of ``cfg`` split over ``num_devices`` (default ``cfg.num_devices``) shards; operators
-    evaluate on ``device`` (tasks without tensors to move ignore it)."""
+    evaluate on ``device`` under ``precision`` autocast (tasks without tensors to move ignore both).
+    ``batch_size`` overrides the config's (a volunteer's local choice)."""
     t = cfg.task
     m = num_devices or cfg.num_devices
-    if t.name == "adversarial":
-        from collab.tasks.adversarial import AdversarialTask
-
-        return AdversarialTask(
-            num_devices=m,
-            seed=cfg.seed,
-            seq_len=t.seq_len,
-            batch_size=t.batch_size,
-            embedding_size=t.embedding_size,
-            hidden_size=t.hidden_size,
-            layers=t.layers,
-            heads=t.heads,
-            epsilon=t.epsilon,
-            mask_prob=t.mask_prob,
-            device=device,
-        )
     if t.name == "bilinear":
         return BilinearTask(
             dim=t.dim,
@@ -37,4 +29,27 @@ def build_task(cfg: RunConfig, *, num_devices: int | None = None, device: str = 
             heterogeneity=t.heterogeneity,
             init_scale=t.init_scale,
         )
-    raise ValueError(f"unknown task {t.name!r}")
+    from collab.tasks.torch_task import TorchTask
+
+    if t.name == "adversarial":
+        from collab.tasks.adversarial import adversarial_mlm
+
+        options = t.model_dump(exclude={"name", "batch_size"})
+        return TorchTask(
+            factory=adversarial_mlm,
+            options=options,
+            num_devices=m,
+            seed=cfg.seed,
+            batch_size=batch_size or t.batch_size,
+            device=device,
+            precision=precision,
+        )
+    return TorchTask(
+        factory=t.factory,
+        options=t.options,
+        num_devices=m,
+        seed=cfg.seed,
+        batch_size=batch_size or t.batch_size,
+        device=device,
+        precision=precision,
+    )
