@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from collab import __version__
-from peers import coordinator, demo, join, monitor_peer, simulate, status, validate
+from peers import coordinator, demo, export, join, monitor_peer, simulate, status, validate
 
 SUBCOMMANDS = {
     "validate": validate,
@@ -22,6 +22,7 @@ SUBCOMMANDS = {
     "demo": demo,
     "monitor": monitor_peer,
     "status": status,
+    "export": export,
 }
 
 

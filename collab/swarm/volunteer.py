@@ -364,11 +364,12 @@ class Volunteer:
 
     def save_checkpoint(self) -> None:
         """Write the committed state atomically (temp file, fsync, rename): a crash never leaves half a
-        file. The file names the config version and method (collab/methods/checkpoint.py)."""
+        file. The file names the config version and method and carries the run config, so `collab export`
+        needs nothing else (collab/methods/checkpoint.py)."""
         if self.checkpoint_path is None or self.method.state is None:
             return
         data = encode_checkpoint(
-            self.method.state, config_version=self.config_version, method=self.method.name
+            self.method.state, config_version=self.config_version, method=self.method.name, config=self.cfg
         )
         write_checkpoint(self.checkpoint_path, data)
 

@@ -1,11 +1,14 @@
 """The checkpoint file: round trip, atomic write, and every kind of damage reported in one line.
 
 Any single flipped byte and any truncation is refused with a CheckpointError (never another exception,
-never a silently different state); another config version or method is refused by name.
+never a silently different state); another config version or method is refused by name. The optional
+run config in the header comes back as written, must hash to the saved config version, and files
+without it load as before.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -13,13 +16,17 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from collab.config import parse_config
 from collab.methods.base import MethodState
 from collab.methods.checkpoint import (
     MAGIC,
     CheckpointError,
     decode_checkpoint,
     encode_checkpoint,
+    open_checkpoint,
+    parse_checkpoint,
     read_checkpoint,
+    read_checkpoint_config,
     write_checkpoint,
 )
 
@@ -101,3 +108,84 @@ def test_any_truncation_is_detected(n: int) -> None:
 def test_unreadable_file_is_one_line(tmp_path: Path) -> None:
     with pytest.raises(CheckpointError, match="cannot read checkpoint"):
         read_checkpoint(tmp_path, config_version=VERSION, method=METHOD)  # a folder, not a file
+
+
+# ---- the run config in the header (optional; `collab export` reads it) ------------------------------
+CFG = parse_config({"run_id": "ck", "task": {"name": "bilinear", "dim": 3}, "method": {"gamma": 0.1}})
+OTHER = parse_config({"run_id": "ck", "task": {"name": "bilinear", "dim": 4}, "method": {"gamma": 0.1}})
+WITH_CONFIG = encode_checkpoint(_state(), config_version=CFG.version(), method=METHOD, config=CFG)
+
+
+def _with_header(data: bytes, drop: str = "", **changes: object) -> bytes:
+    """``data`` with header fields replaced or dropped (the sha256 kept: it does not cover ``config``)."""
+    n = int.from_bytes(data[9:13], "little")
+    header = {**json.loads(data[13 : 13 + n]), **changes}
+    header.pop(drop, None)
+    head = json.dumps(header, sort_keys=True).encode()
+    return data[:9] + len(head).to_bytes(4, "little") + head + data[13 + n :]
+
+
+def test_the_run_config_travels_in_the_header(tmp_path: Path) -> None:
+    path = tmp_path / "peer.ckpt"
+    write_checkpoint(path, WITH_CONFIG)
+    assert read_checkpoint_config(path) == CFG
+    ck = open_checkpoint(path)
+    assert (ck.config, ck.config_version, ck.method) == (CFG, CFG.version(), METHOD)
+    assert ck.state.hash() == _state().hash()
+    loaded = read_checkpoint(path, config_version=CFG.version(), method=METHOD)
+    assert loaded is not None and loaded.hash() == _state().hash()
+    with pytest.raises(CheckpointError, match="another run config"):
+        read_checkpoint(path, config_version=OTHER.version(), method=METHOD)
+
+
+def test_a_checkpoint_without_config_still_loads(tmp_path: Path) -> None:
+    path = tmp_path / "old.ckpt"
+    write_checkpoint(path, DATA)  # as written before the field existed
+    assert read_checkpoint_config(path) is None and open_checkpoint(path).config is None
+    # The sha256 is what it always was: without `config`, a new file is exactly an old one (and a reader
+    # that ignores the field reads the new files too).
+    old_style = _with_header(WITH_CONFIG, drop="config")
+    assert old_style == encode_checkpoint(_state(), config_version=CFG.version(), method=METHOD)
+    assert _decode(old_style, version=CFG.version()).hash() == _state().hash()
+
+
+def test_missing_file_is_one_line_for_open(tmp_path: Path) -> None:
+    with pytest.raises(CheckpointError, match=r"^checkpoint \S+nope.ckpt does not exist; not loaded$"):
+        open_checkpoint(tmp_path / "nope.ckpt")
+    with pytest.raises(CheckpointError, match="does not exist"):
+        read_checkpoint_config(tmp_path / "nope.ckpt")
+
+
+@pytest.mark.parametrize(
+    "config,reason",
+    [
+        (OTHER.model_dump(mode="json"), "its embedded config does not match its config version"),
+        ({"method": {"gamma": -1}}, "its embedded config is not a valid run config"),
+        ("not a mapping", "its embedded config is not a valid run config"),
+        (None, "its embedded config is not a valid run config"),
+    ],
+)
+def test_an_embedded_config_that_does_not_fit_is_corruption(config: object, reason: str) -> None:
+    with pytest.raises(CheckpointError) as e:
+        _decode(_with_header(WITH_CONFIG, config=config), version=CFG.version())
+    assert str(e.value) == f"checkpoint ck is corrupt ({reason}); not loaded"
+
+
+def test_encode_refuses_a_config_of_another_version() -> None:
+    with pytest.raises(ValueError, match="config version"):
+        encode_checkpoint(_state(), config_version=VERSION, method=METHOD, config=CFG)
+
+
+@settings(max_examples=300, deadline=None, derandomize=True)
+@given(st.integers(0, len(WITH_CONFIG) - 1), st.integers(1, 255))
+def test_a_flipped_byte_never_yields_another_state_or_config(at: int, xor: int) -> None:
+    """Outside the sha256, the config is checked by its version: a flipped byte is refused, or (in the
+    key's name only) leaves the state and no config: never another state or another config."""
+    damaged = bytearray(WITH_CONFIG)
+    damaged[at] ^= xor
+    try:
+        ck = parse_checkpoint(bytes(damaged), name="ck")
+    except CheckpointError:
+        return
+    assert ck.state.hash() == _state().hash() and ck.config_version == CFG.version()
+    assert ck.config in (CFG, None)
