@@ -9,11 +9,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 MethodName = Literal["extragradient", "masha1", "masha2"]
 CompressorName = Literal["identity", "randk", "topk"]
@@ -82,7 +91,6 @@ class TorchTaskConfig(_Section):
     factory: str = Field(
         ...,
         max_length=200,
-        pattern=FACTORY_PATTERN,
         description="'package.module:function' returning a TorchProblem, importable on every peer "
         "(never fetched: volunteers install the package themselves)",
     )
@@ -90,6 +98,13 @@ class TorchTaskConfig(_Section):
         default_factory=dict, description="keyword arguments of the factory (plain JSON values)"
     )
     batch_size: int = Field(16, ge=1, le=65536, description="examples per device per step")
+
+    @field_validator("factory")
+    @classmethod
+    def _factory_form(cls, v: str) -> str:
+        if not re.match(FACTORY_PATTERN, v):
+            raise ValueError(f"must be 'package.module:function' (got {_one_line(v, 60)!r})")
+        return v
 
 
 TaskConfig = Annotated[

@@ -17,3 +17,17 @@ def load_config_or_exit(path: str) -> RunConfig | None:
         for line in e.problems:
             print(f"{path}: {line}" if not line.startswith(path) else line, file=sys.stderr)
         return None
+
+
+def task_problem(cfg: RunConfig) -> str | None:
+    """One line saying why this machine cannot build ``cfg``'s task (its factory is not installed, not a
+    task factory...), or ``None``. Only PyTorch tasks name code; importing it loads torch."""
+    if cfg.task.name != "torch":
+        return None
+    from collab.tasks.torch_task import FactoryError, load_factory
+
+    try:
+        load_factory(cfg.task.factory)
+    except FactoryError as e:
+        return str(e)
+    return None

@@ -24,7 +24,7 @@ from typing import Any
 import yaml
 
 from collab.config import ConfigError, with_overrides
-from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit, task_problem
 
 # The repository's configs/ (an editable install); elsewhere (e.g. the Docker image) ./configs.
 _REPO_CONFIG = Path(__file__).resolve().parent.parent / "configs" / "demo.yaml"
@@ -106,6 +106,10 @@ def run(args: argparse.Namespace) -> int:
     except ConfigError as e:
         for line in e.problems:
             print(f"demo settings: {line}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    problem = task_problem(cfg)
+    if problem is not None:
+        print(f"{args.config}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     work = Path(args.workdir or tempfile.mkdtemp(prefix="collab-demo-"))
     work.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from collab.config import ConfigError, RunConfig, parse_config, with_overrides
-from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit, task_problem
 from peers.http_client import HttpError, check_url, request_json
 
 logger = logging.getLogger(__name__)
@@ -41,6 +41,13 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="compute device")
     p.add_argument("--device-index", type=int, help="which data shard to train (default: from the peer key)")
     p.add_argument("--batch-size", type=int, help="local batch size (tasks with minibatches)")
+    p.add_argument(
+        "--precision",
+        choices=["fp32", "bf16", "fp16"],
+        default="fp32",
+        help="autocast the model's forward pass (the state and the aggregate stay fp32); bf16 suits CPUs "
+        "and recent GPUs",
+    )
     p.add_argument("--max-steps", type=int, help="stop after this step (default: the run's max_steps)")
     p.add_argument("--name", help="display name shown to others")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
@@ -150,6 +157,10 @@ def run(args: argparse.Namespace) -> int:
             if hasattr(cfg.task, "batch_size"):
                 cfg = with_overrides(cfg, task={"batch_size": args.batch_size})
         device = pick_device(args.device)
+        problem = task_problem(cfg)
+        if problem is not None:
+            print(problem, file=sys.stderr)
+            return EXIT_BAD_INPUT
     except JoinError as e:
         print(str(e), file=sys.stderr)
         return 1
@@ -163,6 +174,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
     from collab.swarm import SwarmNode, Volunteer
     from collab.swarm.records import make_validators
     from collab.swarm.volunteer import ConfigMismatch
+    from collab.tasks.torch_task import FactoryError
     from peers.access_client import AccessError, obtain_access
 
     validators, signer = make_validators(cfg.run_id)
@@ -193,18 +205,23 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
         if not 0 <= index < cfg.num_devices:
             print(f"--device-index: must be in [0, {cfg.num_devices})", file=sys.stderr)
             return EXIT_BAD_INPUT
-        volunteer = Volunteer(
-            cfg,
-            node,
-            device_index=index,
-            log_path=args.log_file,
-            name=args.name,
-            signer=signer,
-            checkpoint_path=Path(args.checkpoint) if args.checkpoint else None,
-            checkpoint_every=args.checkpoint_every,
-            device=device,
-            client_mode=args.client_mode,
-        )
+        try:
+            volunteer = Volunteer(
+                cfg,
+                node,
+                device_index=index,
+                log_path=args.log_file,
+                name=args.name,
+                signer=signer,
+                checkpoint_path=Path(args.checkpoint) if args.checkpoint else None,
+                checkpoint_every=args.checkpoint_every,
+                device=device,
+                precision=args.precision,
+                client_mode=args.client_mode,
+            )
+        except FactoryError as e:  # e.g. options the installed factory does not accept
+            print(str(e), file=sys.stderr)
+            return EXIT_BAD_INPUT
         if args.resume:
             _resume(volunteer, args.checkpoint)
         stop = volunteer.stop_event

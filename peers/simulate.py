@@ -15,7 +15,7 @@ import sys
 from typing import TYPE_CHECKING, Any
 
 from collab.config import ConfigError, MethodConfig, RunConfig, with_overrides
-from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit, task_problem
 
 if TYPE_CHECKING:  # the simulation (and torch) loads only when a simulation runs
     from collab.methods.simulation import SimulationResult
@@ -138,6 +138,11 @@ def run(args: argparse.Namespace) -> int:
         for line in e.problems:
             print(f"override: {line}", file=sys.stderr)
         return EXIT_BAD_INPUT
+    problem = task_problem(cfg)
+    if problem is not None:
+        print(f"{args.config}: {problem}", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    from collab.tasks.torch_task import FactoryError
 
     methods: list[MethodConfig] = default_comparison(cfg) if args.compare else [cfg.method]
     show_progress = not args.no_progress and sys.stderr.isatty()
@@ -155,7 +160,11 @@ def run(args: argparse.Namespace) -> int:
                 if report.step % 20 == 0:
                     bar.set_postfix(dist=f"{metric:.2e}", kbits=f"{report.bits_up / 1e3:.1f}")
 
-        results.append(simulate(cfg, method=mc, stop_at_target=not args.all_steps, on_step=on_step))
+        try:
+            results.append(simulate(cfg, method=mc, stop_at_target=not args.all_steps, on_step=on_step))
+        except FactoryError as e:  # e.g. options the factory does not take
+            print(f"{args.config}: {e}", file=sys.stderr)
+            return EXIT_BAD_INPUT
         if bar is not None:
             bar.close()
 

@@ -1,11 +1,14 @@
-"""Check a run config: prints `ok` or one line per problem naming the field (exit 2)."""
+"""Check a run config: prints `ok` or one line per problem naming the field (exit 2).
+
+A PyTorch task's factory must be importable here (installed by the volunteer; never fetched).
+"""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
-from peers.common import EXIT_BAD_INPUT, load_config_or_exit
+from peers.common import EXIT_BAD_INPUT, load_config_or_exit, task_problem
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -15,6 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args.config)
     if cfg is None:
+        return EXIT_BAD_INPUT
+    problem = task_problem(cfg)
+    if problem is not None:
+        print(f"{args.config}: {problem}", file=sys.stderr)
         return EXIT_BAD_INPUT
     print("ok")
     print(f"run_id={cfg.run_id} version={cfg.version()} method={cfg.method.name}", file=sys.stderr)

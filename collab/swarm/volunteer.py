@@ -56,13 +56,14 @@ class Volunteer:
         checkpoint_path: str | Path | None = None,
         checkpoint_every: int = 0,
         device: str = "cpu",
+        precision: str = "fp32",
         client_mode: bool = False,
     ) -> None:
         if not 0 <= device_index < cfg.num_devices:
             raise ValueError(f"device index {device_index} outside [0, {cfg.num_devices})")
         self.cfg, self.node, self.device_index = cfg, node, device_index
         self.name = name or f"peer-{node.peer_key[-6:]}"
-        self.task = build_task(cfg, device=device)
+        self.task = build_task(cfg, device=device, precision=precision)
         self.aggregator = SwarmAggregator(
             node=node,
             run_id=cfg.run_id,

@@ -1,5 +1,7 @@
 """`collab join --resume`: a volunteer restarts from its local checkpoint, on real peers.
 
+Every case trains with Adam, whose moments are part of the replicated state (and of the checkpoint).
+
 * A lone peer runs 10 steps and exits (--resume with no checkpoint yet: it says so and starts fresh);
   restarted with --resume it goes on from step 11, and its steps are bit-identical to an uninterrupted
   20-step run (a checkpoint loses nothing).
@@ -31,6 +33,8 @@ LONE = {
         "gamma": 0.2,
         "tau": 0.7,
         "device_compressor": {"name": "randk", "ratio": 0.25},
+        # Adam's moments are replicated state: a resumed peer must carry them bit for bit.
+        "optimizer": {"name": "adam", "schedule": {"name": "cosine", "warmup_steps": 3}},
     },
     "swarm": {
         "min_group_size": 1,  # a peer on its own makes progress

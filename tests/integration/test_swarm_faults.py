@@ -3,8 +3,8 @@
 4 peers start; the one with device 3 kills its whole process group (peer, DHT, p2pd) in the middle of
 round 6.delta (after its parts are on the wire, before the answers). The 3 survivors must redo step 6
 without it and keep identical states. At step ~10 a fifth peer starts on device 3's shard: it downloads
-the state from a peer ahead, checks the hash, and from its first round on its state hash equals the
-others'. The run reaches max_steps and converges.
+the state (Adam's moments included) from a peer ahead, checks the hash, and from its first round on its
+state hash equals the others'. The run reaches max_steps and converges.
 """
 
 from __future__ import annotations
@@ -24,9 +24,11 @@ CONFIG = {
     "task": {"name": "bilinear", "dim": 50, "reg_lambda": 0.5},
     "method": {
         "name": "masha1",
-        "gamma": 0.2,
+        "gamma": 0.03,
         "tau": 0.7,
         "device_compressor": {"name": "randk", "ratio": 0.25},
+        # Adam's moments are replicated state: the late joiner must download them with the rest.
+        "optimizer": {"name": "adam"},
     },
     "swarm": {
         "min_group_size": 2,
@@ -81,4 +83,5 @@ def test_kill_mid_round_and_late_joiner(swarm: Swarm) -> None:
 
     assert len({s["hash"] for s in summaries}) == 1
     final = survivors[0].records()[-1]["metric"]
-    assert final < 1e-2, f"the run must converge (final relative distance {final})"
+    # Adam with a constant stepsize on this noisy (shared Rand-k) problem: 0.06 in simulation
+    assert final < 0.1, f"the run must converge (final relative distance {final})"

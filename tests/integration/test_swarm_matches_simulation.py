@@ -30,6 +30,18 @@ METHODS: dict[str, dict[str, Any]] = {
         "tau": 0.8,
         "device_compressor": {"name": "topk", "ratio": 0.1},
     },
+    "masha2-topk10-adamw": {
+        "name": "masha2",
+        "gamma": 0.05,
+        "tau": 0.8,
+        "device_compressor": {"name": "topk", "ratio": 0.1},
+        "optimizer": {
+            "name": "adamw",
+            "weight_decay": 0.01,
+            "clip_norm": 5.0,
+            "schedule": {"name": "cosine", "warmup_steps": 5},
+        },
+    },
 }
 
 
