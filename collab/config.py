@@ -298,7 +298,10 @@ def config_errors(err: ValidationError) -> list[str]:
             _one_line(str(p), 80) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))
         )
         msg = _one_line(e["msg"].removeprefix("Value error, "), 200)
-        lines.append(f"{loc or '(top level)'}: {msg}")
+        if not loc and re.match(r"[a-z_]+(\.[a-z_]+)+ ", msg):
+            lines.append(msg)  # a cross-field check that names its field itself
+        else:
+            lines.append(f"{loc or '(top level)'}: {msg}")
     return lines
 
 

@@ -55,7 +55,11 @@ def char_gpt(
         return {"input_ids": ids, "attention_mask": attention, "labels": labels}
 
     def loss(model: torch.nn.Module, batch: dict[str, torch.Tensor], adversary: dict) -> torch.Tensor:
-        return model(**batch).loss
+        logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        # next-character cross-entropy, padding ignored (what GPT2LMHeadModel's own loss computes)
+        return torch.nn.functional.cross_entropy(
+            logits[:, :-1].flatten(0, 1).float(), batch["labels"][:, 1:].flatten(), ignore_index=-100
+        )
 
     g = torch.Generator().manual_seed(torch_seed(seed, 0, "charlm-eval"))
     eval_rows = rows[torch.randint(len(rows), (eval_lines,), generator=g)]

@@ -6,6 +6,8 @@ import csv
 import json
 from pathlib import Path
 
+import pytest
+
 from tests.conftest import CONFIGS, run_cli
 
 
@@ -77,3 +79,55 @@ def test_help_lists_subcommands() -> None:
     assert res.returncode == 0 and "simulate" in res.stdout and "validate" in res.stdout
     res = run_cli("simulate", "--help")
     assert res.returncode == 0 and "--compare" in res.stdout and "--plot" in res.stdout
+
+
+_TORCH_RUN = """run_id: x
+seed: 0
+num_devices: 2
+max_steps: 50
+task: {{name: torch, factory: "{factory}", options: {{}}}}
+method:
+  name: masha2
+  gamma: 0.003
+  tau: 0.9
+  device_compressor: {{name: topk, ratio: 0.05}}
+  optimizer: {optimizer}
+"""
+
+
+@pytest.mark.parametrize(
+    ("factory", "optimizer", "field"),
+    [
+        ("examples.charlm:char_gpt", "{name: adagrad}", "method.optimizer.name"),
+        ("examples.charlm:char_gpt", "{name: adam, beta1: 1.5}", "method.optimizer.beta1"),
+        ("examples.charlm:char_gpt", "{name: adamw, weight_decay: -0.1}", "method.optimizer.weight_decay"),
+        ("examples.charlm:char_gpt", "{name: adam, clip_norm: 0}", "method.optimizer.clip_norm"),
+        ("examples.charlm:char_gpt", "{name: adam, schedule: {name: step}}", "method.optimizer.schedule.name"),
+        (
+            "examples.charlm:char_gpt",
+            "{name: adam, schedule: {name: cosine, warmup_steps: 80}}",
+            "method.optimizer.schedule.warmup_steps",
+        ),
+        ("examples.charlm:char_gpt", "{name: lamb, schedule: {min_ratio: 2}}", "method.optimizer.schedule.min_ratio"),
+        ("no-colon", "{name: adam}", "factory"),
+        ("no_such_package.models:build", "{name: adam}", "task.factory: module 'no_such_package'"),
+        ("os:system", "{name: adam}", "task.factory: os:system is not a collab task factory"),
+        ("examples.charlm:nope", "{name: adam}", "task.factory: module examples.charlm has no 'nope'"),
+    ],
+)
+def test_validate_rejects_bad_optimizer_and_factory(
+    tmp_path: Path, factory: str, optimizer: str, field: str
+) -> None:
+    path = tmp_path / "run.yaml"
+    path.write_text(_TORCH_RUN.format(factory=factory, optimizer=optimizer))
+    res = run_cli("validate", str(path))
+    assert res.returncode == 2, res.stdout + res.stderr
+    lines = res.stderr.strip().splitlines()
+    assert len(lines) == 1 and field in lines[0], res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_validate_accepts_the_examples() -> None:
+    for path in (CONFIGS / "adversarial.yaml", CONFIGS.parent / "examples" / "charlm.yaml"):
+        res = run_cli("validate", str(path))
+        assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
