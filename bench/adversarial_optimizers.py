@@ -89,7 +89,8 @@ def main() -> None:
     base_rows, _ = results["eg-same-opt"]
     base_loss, base_bits = base_rows[-1][3], base_rows[-1][1]
     print(f"unigram level of the corpus: {unigram_loss():.3f}; initial loss {base_rows[0][3]:.3f}")
-    print(f"{'case':<14} {'loss@' + str(args.steps):>9} {'MB sent/dev':>12} {'loss/EG':>8} {'EG bits/bits':>13} {'wall s':>7}")
+    head = ("case", f"loss@{args.steps}", "MB sent/dev", "loss/EG", "EG bits/bits", "wall s")
+    print(f"{head[0]:<14} {head[1]:>9} {head[2]:>12} {head[3]:>8} {head[4]:>13} {head[5]:>7}")
     for case in CASES:
         rows, wall = results[case]
         loss, bits = rows[-1][3], rows[-1][1]

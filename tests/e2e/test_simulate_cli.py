@@ -81,6 +81,7 @@ def test_help_lists_subcommands() -> None:
     assert res.returncode == 0 and "--compare" in res.stdout and "--plot" in res.stdout
 
 
+CHAR = "examples.charlm:char_gpt"
 _TORCH_RUN = """run_id: x
 seed: 0
 num_devices: 2
@@ -98,17 +99,17 @@ method:
 @pytest.mark.parametrize(
     ("factory", "optimizer", "field"),
     [
-        ("examples.charlm:char_gpt", "{name: adagrad}", "method.optimizer.name"),
-        ("examples.charlm:char_gpt", "{name: adam, beta1: 1.5}", "method.optimizer.beta1"),
-        ("examples.charlm:char_gpt", "{name: adamw, weight_decay: -0.1}", "method.optimizer.weight_decay"),
-        ("examples.charlm:char_gpt", "{name: adam, clip_norm: 0}", "method.optimizer.clip_norm"),
-        ("examples.charlm:char_gpt", "{name: adam, schedule: {name: step}}", "method.optimizer.schedule.name"),
+        (CHAR, "{name: adagrad}", "method.optimizer.name"),
+        (CHAR, "{name: adam, beta1: 1.5}", "method.optimizer.beta1"),
+        (CHAR, "{name: adamw, weight_decay: -0.1}", "method.optimizer.weight_decay"),
+        (CHAR, "{name: adam, clip_norm: 0}", "method.optimizer.clip_norm"),
+        (CHAR, "{name: adam, schedule: {name: step}}", "method.optimizer.schedule.name"),
         (
-            "examples.charlm:char_gpt",
+            CHAR,
             "{name: adam, schedule: {name: cosine, warmup_steps: 80}}",
             "method.optimizer.schedule.warmup_steps",
         ),
-        ("examples.charlm:char_gpt", "{name: lamb, schedule: {min_ratio: 2}}", "method.optimizer.schedule.min_ratio"),
+        (CHAR, "{name: lamb, schedule: {min_ratio: 2}}", "method.optimizer.schedule.min_ratio"),
         ("no-colon", "{name: adam}", "factory"),
         ("no_such_package.models:build", "{name: adam}", "task.factory: module 'no_such_package'"),
         ("os:system", "{name: adam}", "task.factory: os:system is not a collab task factory"),
