@@ -261,8 +261,10 @@ class RunConfig(_Section):
         named = [("method", self.method), *((f"compare.{i}", m) for i, m in enumerate(self.compare))]
         for where, mc in named:
             sched = mc.optimizer.schedule
-            total = sched.total_steps or self.max_steps
-            if sched.warmup_steps and sched.warmup_steps >= total:
+            total = sched.total_steps
+            # a schedule that follows max_steps may be cut short (a --max-steps 20 trial of a longer run
+            # ends inside its warmup); one whose own total_steps leave no room after warmup is a mistake
+            if total is not None and sched.warmup_steps and sched.warmup_steps >= total:
                 raise ValueError(
                     f"{where}.optimizer.schedule.warmup_steps ({sched.warmup_steps}) must be smaller than "
                     f"the schedule's total steps ({total})"

@@ -92,7 +92,8 @@ def _fmt_bits(b: float | None) -> str:
 
 def _table(results: list[SimulationResult]) -> str:
     base = next((r for r in results if r.method == "extragradient" and r.bits_to_target), None)
-    head = f"{'method':<14}{'compressor':<24}{'steps':>7}{'rel dist':>12}{'sent/device':>14}{'to target':>14}"
+    metric = "rel dist" if not results or results[0].metric_name == "rel_distance" else results[0].metric_name
+    head = f"{'method':<14}{'compressor':<24}{'steps':>7}{metric:>12}{'sent/device':>14}{'to target':>14}"
     lines = [head + (f"{'saving':>9}" if base else ""), "-" * (len(head) + (9 if base else 0))]
     for r in results:
         comp = r.label.split(" ", 1)[1] if " " in r.label else "dense"

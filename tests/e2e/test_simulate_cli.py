@@ -106,7 +106,7 @@ method:
         (CHAR, "{name: adam, schedule: {name: step}}", "method.optimizer.schedule.name"),
         (
             CHAR,
-            "{name: adam, schedule: {name: cosine, warmup_steps: 80}}",
+            "{name: adam, schedule: {name: cosine, warmup_steps: 80, total_steps: 40}}",
             "method.optimizer.schedule.warmup_steps",
         ),
         (CHAR, "{name: lamb, schedule: {min_ratio: 2}}", "method.optimizer.schedule.min_ratio"),
