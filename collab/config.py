@@ -80,6 +80,27 @@ class AdversarialTaskConfig(_Section):
         return self
 
 
+class Text2ImageTaskConfig(_Section):
+    """A DALL-E-like text-to-image transformer on generated captioned scenes (collab/tasks/text2image.py)."""
+
+    name: Literal["text2image"] = "text2image"
+    batch_size: int = Field(16, ge=1, le=4096, description="captioned images per device per step")
+    layers: int = Field(3, ge=1, le=48, description="transformer layers")
+    hidden: int = Field(96, ge=8, le=4096, description="transformer hidden size")
+    heads: int = Field(4, ge=1, le=64, description="attention heads (must divide hidden)")
+    train_scenes: int = Field(6000, ge=1, le=1_000_000, description="training scenes, all shards together")
+    eval_scenes: int = Field(64, ge=1, le=10_000, description="scenes in the evaluation batch of the loss")
+    prompts: list[Annotated[str, Field(max_length=200)]] = Field(
+        default_factory=list, max_length=64, description="prompts of the run's sample gallery"
+    )
+
+    @model_validator(mode="after")
+    def _heads_divide(self) -> Text2ImageTaskConfig:
+        if self.hidden % self.heads:
+            raise ValueError("heads must divide hidden")
+        return self
+
+
 FACTORY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*:[A-Za-z_][A-Za-z0-9_]*$"
 
 
@@ -108,7 +129,8 @@ class TorchTaskConfig(_Section):
 
 
 TaskConfig = Annotated[
-    BilinearTaskConfig | AdversarialTaskConfig | TorchTaskConfig, Field(discriminator="name")
+    BilinearTaskConfig | AdversarialTaskConfig | Text2ImageTaskConfig | TorchTaskConfig,
+    Field(discriminator="name"),
 ]
 
 

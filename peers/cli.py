@@ -12,7 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from collab import __version__
-from peers import coordinator, demo, export, join, monitor_peer, simulate, status, validate
+from peers import coordinator, demo, export, generate, join, monitor_peer, simulate, status, validate
 
 SUBCOMMANDS = {
     "validate": validate,
@@ -23,6 +23,7 @@ SUBCOMMANDS = {
     "monitor": monitor_peer,
     "status": status,
     "export": export,
+    "generate": generate,
 }
 
 

@@ -44,6 +44,18 @@ def build_task(
             device=device,
             precision=precision,
         )
+    if t.name == "text2image":
+        from collab.tasks.text2image import text2image
+
+        return TorchTask(
+            factory=text2image,
+            options=t.model_dump(exclude={"name", "batch_size", "prompts"}),
+            num_devices=m,
+            seed=cfg.seed,
+            batch_size=batch_size or t.batch_size,
+            device=device,
+            precision=precision,
+        )
     return TorchTask(
         factory=t.factory,
         options=t.options,

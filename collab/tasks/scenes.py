@@ -133,7 +133,9 @@ def parse_caption(text: str) -> Scene:
     for chunk in " ".join(rest).split(" and "):
         w = chunk.split()
         if len(w) != 5 or w[0] != "a" or w[1] not in COLOURS or w[2] not in SHAPES:
-            raise CaptionError(f"cannot read {chunk!r}: objects read 'a <colour> <shape> <top|bottom> <left|right>'")
+            raise CaptionError(
+                f"cannot read {chunk!r}: objects read 'a <colour> <shape> <top|bottom> <left|right>'"
+            )
         position = f"{w[3]} {w[4]}"
         if position not in POSITIONS:
             raise CaptionError(f"cannot read position {position!r}: one of {', '.join(POSITIONS)}")
@@ -143,19 +145,21 @@ def parse_caption(text: str) -> Scene:
     return Scene(words[-1], tuple(sorted(objects, key=lambda o: POSITIONS.index(o.position))))
 
 
-def parse(tokens: list[int]) -> Scene | None:
-    """Read an image back into a scene by the renderer's rules; ``None`` when it is not a scene.
+UNREADABLE = Obj("?", "?", "?")
 
-    Background: the most common palette entry, which must be a background colour. Each quadrant: its
-    cells that differ from the background; none -> empty, else the colour is their most common entry
-    (an object colour) and the shape the mask nearest to them (at most 2 cells off).
+
+def parse(tokens: list[int]) -> tuple[str, dict[str, Obj]]:
+    """Read an image back by the renderer's rules: its background and its objects by position.
+
+    Background: the most common palette entry. Each quadrant: its cells that differ from the
+    background; none -> no object there; else the colour is their most common entry and the shape the
+    mask nearest to them. An object whose colour is not an object colour or whose cells are more than 2
+    away from every mask is :data:`UNREADABLE` (it matches no caption).
     """
     if len(tokens) != GRID * GRID or not all(0 <= t < len(PALETTE) for t in tokens):
-        return None
+        raise ValueError(f"an image is {GRID * GRID} palette indices below {len(PALETTE)}")
     bg = Counter(tokens).most_common(1)[0][0]
-    if PALETTE[bg] not in BACKGROUNDS:
-        return None
-    objects = []
+    objects: dict[str, Obj] = {}
     for position in POSITIONS:
         r0, c0 = _ORIGIN[position]
         cells = {
@@ -169,10 +173,17 @@ def parse(tokens: list[int]) -> Scene | None:
         colour = PALETTE[Counter(cells.values()).most_common(1)[0][0]]
         drawn = frozenset(cells)
         shape, distance = min(((s, len(drawn ^ m)) for s, m in MASKS.items()), key=lambda x: x[1])
-        if colour not in COLOURS or distance > 2:
-            return None
-        objects.append(Obj(colour, shape, position))
-    return Scene(PALETTE[bg], tuple(objects))
+        ok = colour in COLOURS and distance <= 2
+        objects[position] = Obj(colour, shape, position) if ok else UNREADABLE
+    return PALETTE[bg], objects
+
+
+def read_scene(tokens: list[int]) -> Scene | None:
+    """The scene an image shows, or ``None`` when a part of it is unreadable or the background is not one."""
+    background, objects = parse(tokens)
+    if background not in BACKGROUNDS or UNREADABLE in objects.values():
+        return None
+    return Scene(background, tuple(objects[p] for p in POSITIONS if p in objects))
 
 
 @dataclass
@@ -188,19 +199,17 @@ class Score:
     exact: int = 0
 
     def add(self, want: Scene, tokens: list[int]) -> None:
-        got = parse(tokens)
+        """Score one image for ``want``: position counts an object drawn in the right quadrant."""
+        background, by_pos = parse(tokens)
         self.images += 1
         self.objects += len(want.objects)
-        if got is None:
-            return
-        self.background += got.background == want.background
-        by_pos = {o.position: o for o in got.objects}
+        self.background += background == want.background
         for o in want.objects:
             g = by_pos.get(o.position)
             self.position += g is not None
             self.colour += g is not None and g.colour == o.colour
             self.shape += g is not None and g.shape == o.shape
-        self.exact += got == want
+        self.exact += read_scene(tokens) == want
 
     def rates(self) -> dict[str, float]:
         n, k = max(1, self.images), max(1, self.objects)

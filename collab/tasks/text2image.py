@@ -9,6 +9,8 @@ Sequence layout (``SEQ_LEN`` = 79 tokens)::
 
     [BOS] w_1 ... w_13 (caption words, right-padded with PAD) [IMG] p_1 ... p_64
 
+The 64 image tokens come quadrant by quadrant (:data:`ORDER`), so one object's cells are consecutive.
+
 Training scenes are drawn from the run seed and never contain a held-out (colour, shape) pair; shard m
 of M holds every M-th scene. Sampling (:func:`sample`) restricts the next-token distribution to the
 palette, with a temperature and top-k.
@@ -41,8 +43,19 @@ def encode_caption(text: str) -> list[int]:
     return ids + [PAD] * (IMAGE_START - len(ids)) + [IMG]
 
 
+# image tokens are emitted quadrant by quadrant (each quadrant row-major), so the cells of one object are
+# consecutive in the sequence; images are returned row-major (scenes.render's order)
+ORDER = [
+    (r0 + r) * scenes.GRID + c0 + c
+    for r0, c0 in ((0, 0), (0, scenes.QUAD), (scenes.QUAD, 0), (scenes.QUAD, scenes.QUAD))
+    for r in range(scenes.QUAD)
+    for c in range(scenes.QUAD)
+]
+
+
 def encode(scene: scenes.Scene) -> torch.Tensor:
-    pixels = [PALETTE_BASE + t for t in scenes.render(scene)]
+    grid = scenes.render(scene)
+    pixels = [PALETTE_BASE + grid[i] for i in ORDER]
     return torch.tensor(encode_caption(scene.caption()) + pixels, dtype=torch.long)
 
 
@@ -131,7 +144,13 @@ def sample(
         pixels.append(nxt)
         out = model(input_ids=(nxt + PALETTE_BASE)[:, None], past_key_values=past, use_cache=True)
         past, logits = out.past_key_values, out.logits[:, -1]
-    return torch.stack(pixels, dim=1).cpu().tolist()
+    images = []
+    for emitted in torch.stack(pixels, dim=1).cpu().tolist():
+        grid = [0] * len(ORDER)
+        for i, t in zip(ORDER, emitted, strict=True):
+            grid[i] = t
+        images.append(grid)
+    return images
 
 
 def evaluate(
@@ -157,5 +176,7 @@ def image_grid(images: list[list[int]], *, columns: int = 8, cell: int = 8) -> A
         tile = Image.new("RGB", (scenes.GRID, scenes.GRID))
         tile.putdata([scenes.RGB[scenes.PALETTE[t]] for t in tokens])
         r, c = divmod(i, columns)
-        canvas.paste(tile.resize((side, side), Image.NEAREST), (2 + c * (side + 2), 2 + r * (side + 2)))
+        canvas.paste(
+            tile.resize((side, side), Image.Resampling.NEAREST), (2 + c * (side + 2), 2 + r * (side + 2))
+        )
     return canvas

@@ -1,0 +1,104 @@
+"""Draw images from a text-to-image checkpoint: a PNG grid of samples for a prompt.
+
+Reads a checkpoint of a `text2image` run (`collab join --checkpoint PATH`; checked: format, hash, its
+embedded run config), builds the model at the checkpoint's parameters and samples --n images for
+--prompt, one image token at a time from the palette (--temperature 0 takes the most likely token;
+--top-k keeps the k most likely). Writes --out (PNG: the samples side by side, 8 per row) and prints one
+line with the step and, for every sample, whether the scene checker reads back the prompt's scene.
+
+Prompts use the run's grammar: "a <colour> <shape> <top|bottom> <left|right> [and a ...] on
+<background>". A word outside it, a checkpoint of another task, or a file that cannot be written is one
+line on stderr and exit 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from peers.common import EXIT_BAD_INPUT
+
+
+class GenerateError(ValueError):
+    """A generation that cannot be done; one line."""
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint of a text2image run")
+    p.add_argument(
+        "--prompt", required=True, help='e.g. "a red ring top left and a blue bar bottom right on black"'
+    )
+    p.add_argument("--n", type=int, default=8, help="number of samples (default 8)")
+    p.add_argument(
+        "--temperature", type=float, default=1.0, help="sampling temperature; 0: argmax (default 1)"
+    )
+    p.add_argument(
+        "--top-k", type=int, default=None, metavar="K", help="sample among the K most likely tokens"
+    )
+    p.add_argument("--seed", type=int, default=0, help="seed of the sampling (default 0)")
+    p.add_argument("--out", required=True, metavar="PNG", help="image grid to write")
+
+
+def generate(args: argparse.Namespace) -> str:
+    """Write the grid; return the line to print. Raises GenerateError / CheckpointError with one line."""
+    if not 1 <= args.n <= 256:
+        raise GenerateError(f"--n must be between 1 and 256 (got {args.n})")
+    if args.top_k is not None and args.top_k < 1:
+        raise GenerateError(f"--top-k must be at least 1 (got {args.top_k})")
+    if not args.temperature >= 0:
+        raise GenerateError(f"--temperature must be 0 or more (got {args.temperature})")
+    from collab.tasks import scenes
+
+    try:
+        want = scenes.parse_caption(args.prompt)
+    except scenes.CaptionError as e:
+        raise GenerateError(f"--prompt: {e}") from None
+
+    import torch
+
+    from collab.methods.checkpoint import open_checkpoint
+    from collab.tasks import text2image
+    from collab.tasks.build import build_task
+    from collab.tasks.torch_task import TorchTask
+
+    ck = open_checkpoint(args.checkpoint)
+    if ck.config is None or ck.config.task.name != "text2image":
+        found = "no run config" if ck.config is None else f"task {ck.config.task.name}"
+        raise GenerateError(f"checkpoint {args.checkpoint} is not of a text2image run ({found})")
+    task = build_task(ck.config)
+    assert isinstance(task, TorchTask)
+    if ck.state.z.numel() != task.dim:
+        raise GenerateError(f"checkpoint {args.checkpoint} does not fit its task's model")
+    model, _ = task.unflatten(ck.state.z)
+    g = torch.Generator().manual_seed(args.seed)
+    images = text2image.sample(
+        model, want.caption(), n=args.n, temperature=args.temperature, top_k=args.top_k, generator=g
+    )
+    grid = text2image.image_grid(images)
+    try:
+        grid.save(args.out, format="PNG")
+    except (OSError, ValueError) as e:
+        raise GenerateError(f"cannot write {args.out} ({type(e).__name__}: {e})") from None
+    read = sum(scenes.read_scene(im) == want for im in images)
+    return (
+        f"{args.n} samples of {want.caption()!r} from step {ck.state.step} written to {args.out}; "
+        f"{read} of {args.n} show exactly that scene"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from collab.methods.checkpoint import CheckpointError
+
+    try:
+        line = generate(args)
+    except (GenerateError, CheckpointError) as e:
+        print(" ".join(str(e).splitlines()), file=sys.stderr)
+        return EXIT_BAD_INPUT
+    print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    from peers.cli import main
+
+    sys.exit(main(["generate", *sys.argv[1:]]))
