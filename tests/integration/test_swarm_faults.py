@@ -55,18 +55,28 @@ def test_kill_mid_round_and_late_joiner(swarm: Swarm) -> None:
     newcomer = swarm.start(path, 3)
     summaries = [swarm.finish(p, timeout_s=200) for p in [*survivors, newcomer]]
 
-    # Survivors: every step exactly once, in order, identical hashes at every step.
+    # Survivors: every step exactly once, in order, identical hashes at every step. On a loaded machine a
+    # survivor may start after the others trained a few steps (min_group_size 2): it then catches up by
+    # one hash-checked download before its first step, like a joiner, and never needs one afterwards.
     for p in survivors:
-        steps = [r["step"] for r in p.records() if "event" not in r]
-        assert steps == list(range(1, STEPS + 1)), f"peer {p.index}: steps skipped or repeated"
-        assert not any(r.get("event") == "sync" for r in p.records()), "survivors never needed a resync"
+        records = p.records()
+        steps = [r["step"] for r in records if "event" not in r]
+        assert steps and steps == list(range(steps[0], STEPS + 1)), (
+            f"peer {p.index}: steps skipped or repeated"
+        )
+        first_step = next(i for i, r in enumerate(records) if "event" not in r)
+        late = [r for r in records[first_step:] if r.get("event") == "sync"]
+        assert not late, f"peer {p.index} needed a resync after it started training: {late}"
+        assert steps[0] == 1 or any(r.get("event") == "sync" for r in records[:first_step])
+    on_time = [p for p in survivors if min(p.steps()) == 1]
+    assert on_time, "at least one survivor trained from the start"
     for step in range(1, STEPS + 1):
-        assert len({p.steps()[step] for p in survivors}) == 1, f"survivors differ at step {step}"
+        assert len({p.steps()[step] for p in survivors if step in p.steps()}) == 1, (
+            f"survivors differ at {step}"
+        )
 
     # Step 7 was committed without the victim: the round it broke was redone by 3 peers.
-    failed = [
-        r for p in survivors for r in p.records() if r.get("event") == "round_failed" and r["step"] == 6
-    ]
+    failed = [r for p in on_time for r in p.records() if r.get("event") == "round_failed" and r["step"] == 6]
     assert failed, "the killed peer's round must have failed for the survivors"
     assert {r["group"] for r in survivors[0].records() if r.get("step") == 7 and "event" not in r} == {3}
 
