@@ -291,6 +291,11 @@ class RunConfig(_Section):
                     f"{where}.optimizer.schedule.warmup_steps ({sched.warmup_steps}) must be smaller than "
                     f"the schedule's total steps ({total})"
                 )
+        if self.task.name == "text2image" and self.task.train_scenes < self.num_devices:
+            raise ValueError(
+                f"task.train_scenes ({self.task.train_scenes}) must be at least num_devices "
+                f"({self.num_devices}): every device needs a shard"
+            )
         return self
 
     def version(self) -> str:
@@ -322,7 +327,7 @@ def config_errors(err: ValidationError) -> list[str]:
             _one_line(str(p), 80) for p in e["loc"] if not (isinstance(p, str) and p.startswith("function-"))
         )
         msg = _one_line(e["msg"].removeprefix("Value error, "), 200)
-        if not loc and re.match(r"[a-z_]+(\.[a-z_]+)+ ", msg):
+        if not loc and re.match(r"[a-z_]+(\.[a-z0-9_]+)+ ", msg):
             lines.append(msg)  # a cross-field check that names its field itself
         else:
             lines.append(f"{loc or '(top level)'}: {msg}")

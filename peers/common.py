@@ -22,6 +22,15 @@ def load_config_or_exit(path: str) -> RunConfig | None:
 def task_problem(cfg: RunConfig) -> str | None:
     """One line saying why this machine cannot build ``cfg``'s task (its factory is not installed, not a
     task factory...), or ``None``. Only PyTorch tasks name code; importing it loads torch."""
+    if cfg.task.name == "text2image":
+        from collab.tasks.scenes import CaptionError, parse_caption
+
+        for i, prompt in enumerate(cfg.task.prompts):
+            try:
+                parse_caption(prompt)
+            except CaptionError as e:
+                return f"task.prompts.{i}: {e}"
+        return None
     if cfg.task.name != "torch":
         return None
     from collab.tasks.torch_task import FactoryError, load_factory

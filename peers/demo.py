@@ -2,9 +2,10 @@
 
 Each volunteer is a real `collab join --coordinator URL` process with its own DHT node and p2pd. The run
 uses the config with num_devices = --peers (one data shard per volunteer) and every volunteer in every
-round, so its result equals `collab simulate` of the same settings. Ends with a summary table; with
---json, one JSON object (run_id, peers, steps, final_metric, state_hashes, bits_per_peer,
-wire_bytes_per_peer).
+round, so its result equals `collab simulate` of the same settings (for neural-network tasks: when
+every process uses the same number of torch threads, since CPU float sums depend on it). Ends with
+a summary table; with --json, one JSON object (run_id, peers, steps, final_metric, state_hashes,
+bits_per_peer, wire_bytes_per_peer).
 """
 
 from __future__ import annotations

@@ -14,6 +14,7 @@ line on stderr and exit 2.
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from peers.common import EXIT_BAD_INPUT
@@ -45,8 +46,10 @@ def generate(args: argparse.Namespace) -> str:
         raise GenerateError(f"--n must be between 1 and 256 (got {args.n})")
     if args.top_k is not None and args.top_k < 1:
         raise GenerateError(f"--top-k must be at least 1 (got {args.top_k})")
-    if not args.temperature >= 0:
-        raise GenerateError(f"--temperature must be 0 or more (got {args.temperature})")
+    if not (args.temperature >= 0 and math.isfinite(args.temperature)):
+        raise GenerateError(f"--temperature must be a finite number >= 0 (got {args.temperature})")
+    if not 0 <= args.seed < 2**63:
+        raise GenerateError(f"--seed must be between 0 and 2**63 - 1 (got {args.seed})")
     from collab.tasks import scenes
 
     try:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from collab.config import MethodConfig, RunConfig
-from collab.methods.base import StepReport
+from collab.methods.base import MethodState, StepReport
 from collab.methods.build import build_method
 from collab.methods.simulated import SimulatedAggregator
 from collab.tasks.build import build_task
@@ -38,6 +38,7 @@ class SimulationResult:
     state_hash: str
     metric_name: str = "rel_distance"
     rows: list[tuple[int, float, float, float]] = field(default_factory=list)  # step, up, down, metric
+    final_state: MethodState | None = field(default=None, repr=False, compare=False)
 
     def summary(self) -> dict[str, Any]:
         return {
@@ -105,6 +106,7 @@ def simulate(
         state_hash=algo.state.hash(),
         metric_name=task.metric_name,
         rows=rows,
+        final_state=algo.state,
     )
 
 

@@ -18,6 +18,7 @@ palette, with a temperature and top-k.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -32,6 +33,7 @@ PALETTE_BASE = WORD_BASE + len(scenes.WORDS)
 VOCAB = PALETTE_BASE + len(scenes.PALETTE)
 CAPTION_WORDS = 13  # "a red ring top left and a blue bar bottom right on black"
 IMAGE_START = 1 + CAPTION_WORDS  # index of [IMG]
+MIN_TEMPERATURE = 1e-3
 SEQ_LEN = IMAGE_START + 1 + scenes.GRID * scenes.GRID
 
 
@@ -114,7 +116,6 @@ def text2image(
     )
 
 
-@torch.no_grad()
 def sample(
     model: Any,
     prompt: str,
@@ -124,15 +125,30 @@ def sample(
     top_k: int | None = None,
     generator: torch.Generator | None = None,
 ) -> list[list[int]]:
-    """``n`` images (64 palette indices each) for ``prompt``; ``temperature`` 0 takes the argmax."""
+    """``n`` images (64 palette indices, row-major) for ``prompt``; ``temperature`` 0 takes the argmax."""
+    return draw(model, [prompt] * n, temperature=temperature, top_k=top_k, generator=generator)
+
+
+@torch.no_grad()
+def draw(
+    model: Any,
+    prompts: list[str],
+    *,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    generator: torch.Generator | None = None,
+) -> list[list[int]]:
+    """One image per prompt, all prompts decoded together (one batch). A ``temperature`` below
+    :data:`MIN_TEMPERATURE` takes the most likely token."""
+    if not math.isfinite(temperature) or temperature < 0:
+        raise ValueError(f"temperature must be a finite number >= 0, not {temperature}")
     device = next(model.parameters()).device
-    ids = torch.tensor([encode_caption(prompt)] * n, dtype=torch.long, device=device)
-    out = model(input_ids=ids, use_cache=True)
-    past, logits = out.past_key_values, out.logits[:, -1]
+    ids = torch.tensor([encode_caption(p) for p in prompts], dtype=torch.long, device=device)
     pixels: list[torch.Tensor] = []
     for _ in range(scenes.GRID * scenes.GRID):
-        scores = logits[:, PALETTE_BASE:].float()
-        if temperature <= 0:
+        # the whole prefix each time (79 tokens at most): no cache API to track across transformers versions
+        scores = model(input_ids=ids, use_cache=False).logits[:, -1, PALETTE_BASE:].float()
+        if temperature < MIN_TEMPERATURE:
             nxt = scores.argmax(dim=-1)
         else:
             scores = scores / temperature
@@ -142,8 +158,7 @@ def sample(
             probs = torch.softmax(scores, dim=-1).cpu()
             nxt = torch.multinomial(probs, 1, generator=generator).squeeze(1).to(device)
         pixels.append(nxt)
-        out = model(input_ids=(nxt + PALETTE_BASE)[:, None], past_key_values=past, use_cache=True)
-        past, logits = out.past_key_values, out.logits[:, -1]
+        ids = torch.cat([ids, (nxt + PALETTE_BASE)[:, None]], dim=1)
     images = []
     for emitted in torch.stack(pixels, dim=1).cpu().tolist():
         grid = [0] * len(ORDER)
@@ -154,14 +169,14 @@ def sample(
 
 
 def evaluate(
-    model: Any, prompts: list[scenes.Scene], *, n: int = 1, temperature: float = 0.0, seed: int = 0
+    model: Any, prompts: list[scenes.Scene], *, temperature: float = 0.0, seed: int = 0
 ) -> scenes.Score:
-    """Sample ``n`` images per prompt and score them with the scene checker."""
+    """One image per prompt (argmax decoding by default), scored by the scene checker."""
     score = scenes.Score()
     g = torch.Generator().manual_seed(seed)
-    for want in prompts:
-        for image in sample(model, want.caption(), n=n, temperature=temperature, generator=g):
-            score.add(want, image)
+    images = draw(model, [s.caption() for s in prompts], temperature=temperature, generator=g)
+    for want, image in zip(prompts, images, strict=True):
+        score.add(want, image)
     return score
 
 
@@ -170,6 +185,7 @@ def image_grid(images: list[list[int]], *, columns: int = 8, cell: int = 8) -> A
     from PIL import Image
 
     side = scenes.GRID * cell
+    columns = max(1, min(columns, len(images)))
     rows = (len(images) + columns - 1) // columns
     canvas = Image.new("RGB", (columns * (side + 2) + 2, rows * (side + 2) + 2), (40, 40, 40))
     for i, tokens in enumerate(images):

@@ -7,6 +7,7 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from tests.conftest import CONFIGS, run_cli
 
@@ -129,6 +130,30 @@ def test_validate_rejects_bad_optimizer_and_factory(
 
 
 def test_validate_accepts_the_examples() -> None:
-    for path in (CONFIGS / "adversarial.yaml", CONFIGS.parent / "examples" / "charlm.yaml"):
+    for path in (
+        CONFIGS / "adversarial.yaml",
+        CONFIGS / "text2image.yaml",
+        CONFIGS.parent / "examples" / "charlm.yaml",
+    ):
         res = run_cli("validate", str(path))
         assert res.returncode == 0 and res.stdout.strip() == "ok", res.stdout + res.stderr
+
+
+@pytest.mark.parametrize(
+    ("change", "needle"),
+    [
+        ({"prompts": ["a purple ring top left on black"]}, "task.prompts.0: unknown words ['purple']"),
+        ({"train_scenes": 2}, "task.train_scenes (2) must be at least num_devices (3)"),
+        ({"hidden": 30, "heads": 4}, "heads must divide hidden"),
+    ],
+)
+def test_validate_rejects_bad_text2image_settings(
+    tmp_path: Path, change: dict[str, object], needle: str
+) -> None:
+    data = yaml.safe_load((CONFIGS / "text2image.yaml").read_text())
+    data["task"].update(change)
+    path = tmp_path / "t2i.yaml"
+    path.write_text(yaml.safe_dump(data))
+    res = run_cli("validate", str(path))
+    lines = res.stderr.strip().splitlines()
+    assert res.returncode == 2 and len(lines) == 1 and needle in lines[0], res.stderr

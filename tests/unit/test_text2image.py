@@ -76,6 +76,23 @@ def test_checker_reads_back_every_attribute() -> None:
     assert score.rates()["shape"] == 0.5 and score.rates()["exact_scene"] == 0
     noise = [rng.randrange(len(scenes.PALETTE)) for _ in range(64)]
     assert scenes.read_scene(noise) is None
+    # two defects make an object unreadable: no attribute of it counts, not even its position
+    half = list(image)
+    for r, c in [(0, 0), (0, 1)]:
+        half[r * 8 + c] = scenes.PALETTE.index("blue")  # two ring cells in another colour
+    crossish = list(image)
+    crossish[0] = crossish[3] = scenes.PALETTE.index("black")  # a ring missing two corners
+    for broken in (half, crossish):
+        assert scenes.read_scene(broken) is None
+        score = scenes.Score()
+        score.add(s, broken)
+        assert score.rates() == {
+            "background": 1,
+            "colour": 0.5,
+            "shape": 0.5,
+            "position": 0.5,
+            "exact_scene": 0,
+        }
 
 
 def test_captions_outside_the_grammar_are_one_line() -> None:
@@ -108,6 +125,10 @@ def test_loss_is_on_image_tokens_only_and_sampling_stays_in_the_palette() -> Non
     assert len(drawn) == 3 and all(
         len(im) == 64 and all(0 <= t < len(scenes.PALETTE) for t in im) for im in drawn
     )
+    one = text2image.sample(model, "a red ring top left on black", n=2, temperature=0.7, top_k=1, generator=g)
+    assert one == greedy, "top-k 1 is the argmax"
+    with pytest.raises(ValueError, match="temperature"):
+        text2image.sample(model, "a red ring top left on black", n=1, temperature=float("inf"))
 
 
 SMALL = {
@@ -181,11 +202,39 @@ def test_generate_refuses_bad_input_in_one_line(tmp_path: Path, capsys: pytest.C
     )
     cases = [
         (["--prompt", "a purple ring top left on black"], "--prompt: unknown words ['purple']"),
+        (
+            ["--prompt", "a red ring top left on black", "--temperature", "inf"],
+            "--temperature must be a finite",
+        ),
+        (
+            ["--prompt", "a red ring top left on black", "--temperature", "nan"],
+            "--temperature must be a finite",
+        ),
+        (["--prompt", "a red ring top left on black", "--seed", str(2**70)], "--seed must be between"),
         (["--prompt", "a red ring top left on black", "--n", "0"], "--n must be between 1 and 256"),
         (["--prompt", "a red ring top left on black", "--top-k", "0"], "--top-k must be at least 1"),
     ]
     for extra, needle in cases:
         rc = main(["generate", "--checkpoint", str(ckpt), "--out", str(tmp_path / "x.png"), *extra])
+        err = capsys.readouterr().err
+        assert rc == 2 and needle in err and err.count("\n") == 1, err
+    # a checkpoint of another task, and a write into a folder that does not exist (after sampling)
+    other = parse_config(
+        {**SMALL, "task": {"name": "bilinear", "dim": 4}, "method": {"name": "extragradient", "gamma": 0.1}}
+    )
+    bil = build_method(other, build_task(other), SimulatedAggregator(num_devices=2), range(2))
+    bil.initialize()
+    assert bil.state is not None
+    foreign = tmp_path / "bilinear.ckpt"
+    foreign.write_bytes(
+        encode_checkpoint(bil.state, config_version=other.version(), method="extragradient", config=other)
+    )
+    for ck, out, needle in [
+        (foreign, tmp_path / "x.png", "is not of a text2image run (task bilinear)"),
+        (ckpt, tmp_path / "no" / "such" / "dir.png", "cannot write"),
+    ]:
+        prompt = "a red ring top left on black"
+        rc = main(["generate", "--checkpoint", str(ck), "--prompt", prompt, "--n", "1", "--out", str(out)])
         err = capsys.readouterr().err
         assert rc == 2 and needle in err and err.count("\n") == 1, err
     missing = str(tmp_path / "missing.ckpt")
