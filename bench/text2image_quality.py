@@ -63,6 +63,7 @@ def main() -> None:
         if ck.config is None or ck.config.task.name != "text2image":
             raise SystemExit(f"{args.checkpoint}: not a checkpoint of a text2image run")
         cfg, z, step, source = ck.config, ck.state.z, ck.state.step, args.checkpoint
+        state_hash = ck.state.hash()
     else:
         from collab.methods.simulation import simulate
 
@@ -73,7 +74,7 @@ def main() -> None:
             cfg = with_overrides(cfg, max_steps=args.max_steps)
         res = simulate(cfg, stop_at_target=False)
         assert res.final_state is not None
-        z, step = res.final_state.z, res.steps
+        z, step, state_hash = res.final_state.z, res.steps, res.state_hash
         if args.save:  # a checkpoint like a volunteer's, for collab generate and later scoring
             from collab.methods.checkpoint import encode_checkpoint, write_checkpoint
 
@@ -87,7 +88,7 @@ def main() -> None:
     assert isinstance(task, TorchTask) and cfg.task.name == "text2image", "a text2image run is needed"
     model, _ = task.unflatten(z)
     rates = _score(model, cfg, args.prompts)
-    print(f"{source}: step {step}, eval loss {task.metric(z):.4f}")
+    print(f"{source}: step {step}, state hash {state_hash}, eval loss {task.metric(z):.4f}")
     print(f"{'prompts':<24}{'background':>11}{'colour':>8}{'shape':>8}{'position':>9}{'exact scene':>12}")
     for name, r in rates.items():
         print(
@@ -107,8 +108,9 @@ def main() -> None:
         text2image.image_grid(images).save(args.grid)
         print(f"grid of {len(prompts)} prompts x 8 samples written to {args.grid}")
     if args.json:
+        wall = time.perf_counter() - t0
         print(
-            json.dumps({"source": source, "step": step, "rates": rates, "wall_s": time.perf_counter() - t0})
+            json.dumps({"source": source, "step": step, "hash": state_hash, "rates": rates, "wall_s": wall})
         )
 
 
