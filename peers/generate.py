@@ -78,8 +78,14 @@ def generate(args: argparse.Namespace) -> str:
         model, want.caption(), n=args.n, temperature=args.temperature, top_k=args.top_k, generator=g
     )
     grid = text2image.image_grid(images)
+    import io
+
+    from collab.files import atomic_write
+
+    png = io.BytesIO()
+    grid.save(png, format="PNG")
     try:
-        grid.save(args.out, format="PNG")
+        atomic_write(args.out, png.getvalue())  # never a half-written image at --out
     except (OSError, ValueError) as e:
         raise GenerateError(f"cannot write {args.out} ({type(e).__name__}: {e})") from None
     read = sum(scenes.read_scene(im) == want for im in images)
