@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from collab.config import RunConfig
 from collab.tasks.base import Task
 from collab.tasks.bilinear import BilinearTask
@@ -29,36 +31,22 @@ def build_task(
             heterogeneity=t.heterogeneity,
             init_scale=t.init_scale,
         )
-    from collab.tasks.torch_task import TorchTask
+    from collab.tasks.torch_task import TorchProblem, TorchTask
 
+    factory: str | Callable[..., TorchProblem]
     if t.name == "adversarial":
         from collab.tasks.adversarial import adversarial_mlm
 
-        options = t.model_dump(exclude={"name", "batch_size"})
-        return TorchTask(
-            factory=adversarial_mlm,
-            options=options,
-            num_devices=m,
-            seed=cfg.seed,
-            batch_size=batch_size or t.batch_size,
-            device=device,
-            precision=precision,
-        )
-    if t.name == "text2image":
+        factory, options = adversarial_mlm, t.model_dump(exclude={"name", "batch_size"})
+    elif t.name == "text2image":
         from collab.tasks.text2image import text2image
 
-        return TorchTask(
-            factory=text2image,
-            options=t.model_dump(exclude={"name", "batch_size", "prompts"}),
-            num_devices=m,
-            seed=cfg.seed,
-            batch_size=batch_size or t.batch_size,
-            device=device,
-            precision=precision,
-        )
+        factory, options = text2image, t.model_dump(exclude={"name", "batch_size", "prompts"})
+    else:
+        factory, options = t.factory, t.options
     return TorchTask(
-        factory=t.factory,
-        options=t.options,
+        factory=factory,
+        options=options,
         num_devices=m,
         seed=cfg.seed,
         batch_size=batch_size or t.batch_size,
