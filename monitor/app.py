@@ -1,7 +1,8 @@
 """The monitor's HTTP side: the dashboard page and the JSON API it (and scripts) use.
 
 ``GET /`` dashboard; ``GET /api/summary``, ``/api/history?since=T``, ``/api/peers``, ``/api/contributors``,
-``/api/config``. Static assets ship in the package (no CDN).
+``/api/config``, ``/api/join`` (the command that joins this run), ``/api/gallery`` (the model keeper's
+samples, newest step last) and ``/gallery/NAME.png``. Static assets ship in the package (no CDN).
 """
 
 from __future__ import annotations
@@ -10,16 +11,21 @@ import time
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Query
-from fastapi.responses import HTMLResponse
+from fastapi import FastAPI, HTTPException, Query
+from fastapi.responses import FileResponse, HTMLResponse
 
+from collab import gallery
 from monitor.service import Monitor
 from peers import http_limits
 
 STATIC = Path(__file__).resolve().parent / "static"
 
 
-def build_app(monitor: Monitor) -> FastAPI:
+def build_app(
+    monitor: Monitor, *, gallery_dir: str | Path | None = None, join_command: str | None = None
+) -> FastAPI:
+    """The dashboard of ``monitor``'s run; ``gallery_dir`` is the model keeper's gallery folder (if it
+    runs), ``join_command`` what a viewer runs to join (shown in the "How to join" panel)."""
     app = FastAPI(title="collab monitor", docs_url=None, redoc_url=None)
     http_limits.install(app)  # size, time and error limits for every route
     cfg = monitor.cfg
@@ -32,6 +38,12 @@ def build_app(monitor: Monitor) -> FastAPI:
     def summary() -> dict[str, Any]:
         s = monitor.latest
         body: dict[str, Any] = s.as_dict() if s is not None else {"global_step": 0, "alive_peers": 0}
+        if not body.get("alive_peers"):  # nobody trains now: show where the run got to, not zeros
+            last = monitor.store.last_summary()
+            if last is not None:
+                body.update(
+                    global_step=last["global_step"], metric=last["metric"], metric_name=last["metric_name"]
+                )
         body.update(
             run_id=cfg.run_id,
             config_version=cfg.version(),
@@ -70,6 +82,29 @@ def build_app(monitor: Monitor) -> FastAPI:
             "server_compressor": m.server_compressor.model_dump(),
             "gamma": m.gamma,
             "max_steps": cfg.max_steps,
+            "metric_name": "rel_distance" if cfg.task.name == "bilinear" else "loss",
+            "target": cfg.target_rel_distance if cfg.task.name == "bilinear" else None,
         }
+
+    @app.get("/api/join")
+    def join() -> dict[str, Any]:
+        return {"command": join_command, "invite_only": cfg.access == "invite"}
+
+    @app.get("/api/gallery")
+    def gallery_index() -> dict[str, Any]:
+        if gallery_dir is None:
+            return {"entries": []}
+        index = gallery.read_index(gallery_dir)
+        return {"entries": [e.model_dump() for e in index.entries]}
+
+    @app.get("/gallery/{name}")
+    def gallery_image(name: str) -> FileResponse:
+        # only names the keeper writes, inside its folder: never a path a request makes up
+        if gallery_dir is None or not gallery.IMAGE_NAME.match(name):
+            raise HTTPException(404, "no such image")
+        path = Path(gallery_dir) / name
+        if not path.is_file():
+            raise HTTPException(404, "no such image")
+        return FileResponse(path, media_type="image/png")
 
     return app

@@ -105,6 +105,12 @@ class MonitorStore:
             ).fetchall()
         return [dict(r) for r in rows]
 
+    def last_summary(self) -> dict[str, Any] | None:
+        """The newest stored summary (what the run last looked like while someone was training)."""
+        with self._lock:
+            row = self._db.execute("SELECT * FROM summaries ORDER BY time DESC LIMIT 1").fetchone()
+        return dict(row) if row is not None else None
+
     def contributors(self) -> list[dict[str, Any]]:
         with self._lock:
             rows = self._db.execute(

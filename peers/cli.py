@@ -12,7 +12,18 @@ import sys
 from collections.abc import Sequence
 
 from collab import __version__
-from peers import coordinator, demo, export, generate, join, monitor_peer, simulate, status, validate
+from peers import (
+    coordinator,
+    demo,
+    export,
+    generate,
+    join,
+    keeper,
+    monitor_peer,
+    simulate,
+    status,
+    validate,
+)
 
 SUBCOMMANDS = {
     "validate": validate,
@@ -24,6 +35,7 @@ SUBCOMMANDS = {
     "status": status,
     "export": export,
     "generate": generate,
+    "keeper": keeper,
 }
 
 

@@ -8,6 +8,8 @@ serves the same config (same version) after a restart. Prints the exact join com
 from __future__ import annotations
 
 import argparse
+import contextlib
+import subprocess
 import sys
 from pathlib import Path
 
@@ -28,6 +30,18 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--db", default="runs/monitor.sqlite", help="the embedded monitor's SQLite history")
     p.add_argument(
+        "--keep-model",
+        metavar="DIR",
+        help="also run the model keeper (collab keeper): versioned checkpoints in DIR and, for text2image "
+        "runs, a sample gallery on the dashboard",
+    )
+    p.add_argument(
+        "--keep-every",
+        type=int,
+        metavar="N",
+        help="steps between kept checkpoints (default: a tenth of the run)",
+    )
+    p.add_argument(
         "--authority-key",
         help="invite-only runs: file with the key that signs access tokens "
         "(default runs/RUN_ID/authority.key, created if missing)",
@@ -42,6 +56,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     cfg = load_config_or_exit(args.config)
     if cfg is None:
+        return EXIT_BAD_INPUT
+    if args.keep_every is not None and args.keep_every < 1:
+        print("--keep-every: must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
     from collab.swarm import SwarmNode
     from collab.swarm.records import make_validators
@@ -82,9 +99,12 @@ def run(args: argparse.Namespace) -> int:
     from collab.swarm.volunteer import CoordinatorBeacon
 
     beacon = CoordinatorBeacon(cfg, node)
-    monitor, dashboard_server, dashboard = None, None, None
+    monitor, dashboard_server, dashboard, keeper = None, None, None, None
     try:
         url = f"http://{args.host}:{sock.getsockname()[1]}"
+        join_command = f"collab join --coordinator {url}" + (
+            f" --token {issuer.invite}" if issuer is not None else ""
+        )
         print(f"collab coordinator: run {cfg.run_id}, config version {cfg.version()}", flush=True)
         print(f"config server: {url}", flush=True)
         print(f"DHT: {' '.join(node.visible_maddrs())}", flush=True)
@@ -95,13 +115,19 @@ def run(args: argparse.Namespace) -> int:
             from peers.config_server import serve_in_thread
 
             monitor = Monitor(cfg, node, MonitorStore(args.db)).start()
-            dashboard_server, _ = serve_in_thread(build_dashboard(monitor), dash_sock)
+            gallery = Path(args.keep_model) / "gallery" if args.keep_model else None
+            app = build_dashboard(monitor, gallery_dir=gallery, join_command=join_command)
+            dashboard_server, _ = serve_in_thread(app, dash_sock)
             dashboard = f"http://{args.host}:{dash_sock.getsockname()[1]}/"
             print(f"dashboard: {dashboard}", flush=True)
-        token = f" --token {issuer.invite}" if issuer is not None else ""
-        print(f"volunteers join with: collab join --coordinator {url}{token}", flush=True)
+        print(f"volunteers join with: {join_command}", flush=True)
+        if args.keep_model:
+            keeper = _start_keeper(args, url, issuer.invite if issuer is not None else None)
+            print(f"model keeper: checkpoints in {args.keep_model} (log: {args.keep_model}/keeper.log)")
         serve(build_app(cfg, node.visible_maddrs, dashboard, issuer), sock)
     finally:
+        if keeper is not None:
+            _stop_keeper(keeper)
         if dashboard_server is not None:
             dashboard_server.should_exit = True
         if monitor is not None:
@@ -110,6 +136,31 @@ def run(args: argparse.Namespace) -> int:
         beacon.close()
         node.shutdown()
     return 0
+
+
+def _start_keeper(args: argparse.Namespace, url: str, invite: str | None) -> subprocess.Popen[bytes]:
+    """``collab keeper`` in its own process (its CPU use is niced there), fetching the run from this
+    coordinator: the config server's socket is already listening, so its first request waits, not fails.
+    It stays in the coordinator's process group: whatever stops the coordinator's group stops it too."""
+    folder = Path(args.keep_model)
+    folder.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "peers", "keeper", "--coordinator", url, "--out", str(folder)]
+    cmd += ["--every", str(args.keep_every)] if args.keep_every else []
+    cmd += ["--token", invite] if invite else []
+    with (folder / "keeper.log").open("ab") as log:
+        return subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _stop_keeper(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM (it leaves at once, shutting down its DHT node), SIGKILL if it lingers."""
+    if proc.poll() is None:
+        proc.terminate()
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
 def _load_or_create_invite(path: Path) -> str:

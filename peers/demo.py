@@ -143,6 +143,8 @@ def run(args: argparse.Namespace) -> int:
             "0",
             "--db",
             str(work / "monitor.sqlite"),
+            "--keep-model",
+            str(work / "model"),
             *access,
         ),
         stdout=subprocess.PIPE,
@@ -183,6 +185,7 @@ def run(args: argparse.Namespace) -> int:
             )
         stall_s = STARTUP_S + 10 * (cfg.swarm.matchmaking_timeout_s + cfg.swarm.allreduce_timeout_s)
         summaries = _wait(procs, work, cfg.max_steps, args.timeout, stall_s)
+        kept = _wait_for_keeper(work / "model", cfg.max_steps, stall_s)
     except (RuntimeError, KeyboardInterrupt) as e:
         print(f"demo stopped: {e or 'interrupted'} (logs in {work})", file=sys.stderr)
         return 1
@@ -213,8 +216,11 @@ def run(args: argparse.Namespace) -> int:
         },
         "workdir": str(work),
         "dashboard": dashboard,
+        "kept_steps": kept,
     }
     print(_table(result, summaries))
+    if kept:
+        print(f"model kept by the coordinator at steps {kept} in {work / 'model'}")
     if args.plot and per_step and per_step[0]:
         _plot(args.plot, per_step[0], result["metric_name"], f"{cfg.run_id}: {args.peers} volunteers")
         print(f"plot written to {args.plot}")
@@ -259,6 +265,26 @@ def _wait(
             raise RuntimeError(f"volunteer {i} exited with code {p.returncode} (see volunteer-{i}.err)")
         summaries.append(json.loads(out.strip().splitlines()[-1]))
     return summaries
+
+
+def _wait_for_keeper(folder: Path, last_step: int, patience_s: float) -> list[int]:
+    """The steps the coordinator's model keeper kept, once it has kept the last one (and drawn its gallery,
+    if the run has one), or after ``patience_s`` without a new checkpoint."""
+    from collab import gallery
+    from collab.swarm.keeper import kept_steps
+
+    moved, seen = time.monotonic(), kept_steps(folder)
+    has_gallery = (folder / "gallery").exists()
+    while time.monotonic() - moved < patience_s:
+        if seen and seen[-1] >= last_step:
+            entries = gallery.read_index(folder / "gallery").entries
+            if not has_gallery or (entries and entries[-1].step >= last_step):
+                break
+        time.sleep(0.2)
+        now = kept_steps(folder)
+        if now != seen:
+            seen, moved = now, time.monotonic()
+    return seen
 
 
 def _plot(path: str, records: dict[int, dict[str, Any]], metric_name: str, title: str) -> None:

@@ -1,7 +1,9 @@
-"""Draw images from a text-to-image checkpoint: a PNG grid of samples for a prompt.
+"""Draw images from a text-to-image model: a PNG grid of samples for a prompt.
 
-Reads a checkpoint of a `text2image` run (`collab join --checkpoint PATH`; checked: format, hash, its
-embedded run config), builds the model at the checkpoint's parameters and samples --n images for
+Reads a checkpoint of a `text2image` run (`collab join --checkpoint PATH` or the model keeper's
+step-NNNNNN.ckpt; checked: format, hash, its embedded run config) or, with --coordinator URL, downloads
+the current state of a running swarm (hash-checked, like a late joiner; --token for invite-only runs),
+builds the model at those parameters and samples --n images for
 --prompt, one image token at a time from the palette (--temperature 0 takes the most likely token;
 --top-k keeps the k most likely). Writes --out (PNG: the samples side by side, 8 per row) and prints one
 line with the step and, for every sample, whether the scene checker reads back the prompt's scene.
@@ -16,6 +18,8 @@ from __future__ import annotations
 import argparse
 import math
 import sys
+import time
+from typing import Any
 
 from peers.common import EXIT_BAD_INPUT
 
@@ -25,7 +29,10 @@ class GenerateError(ValueError):
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--checkpoint", required=True, metavar="PATH", help="checkpoint of a text2image run")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--checkpoint", metavar="PATH", help="checkpoint of a text2image run")
+    src.add_argument("--coordinator", metavar="URL", help="a running text2image run: take its current model")
+    p.add_argument("--token", metavar="INVITE", help="the invite of an invite-only run (with --coordinator)")
     p.add_argument(
         "--prompt", required=True, help='e.g. "a red ring top left and a blue bar bottom right on black"'
     )
@@ -59,20 +66,9 @@ def generate(args: argparse.Namespace) -> str:
 
     import torch
 
-    from collab.methods.checkpoint import open_checkpoint
     from collab.tasks import text2image
-    from collab.tasks.build import build_task
-    from collab.tasks.torch_task import TorchTask
 
-    ck = open_checkpoint(args.checkpoint)
-    if ck.config is None or ck.config.task.name != "text2image":
-        found = "no run config" if ck.config is None else f"task {ck.config.task.name}"
-        raise GenerateError(f"checkpoint {args.checkpoint} is not of a text2image run ({found})")
-    task = build_task(ck.config)
-    assert isinstance(task, TorchTask)
-    if ck.state.z.numel() != task.dim:
-        raise GenerateError(f"checkpoint {args.checkpoint} does not fit its task's model")
-    model, _ = task.unflatten(ck.state.z)
+    step, model = _model_from_checkpoint(args.checkpoint) if args.checkpoint else _model_from_swarm(args)
     g = torch.Generator().manual_seed(args.seed)
     images = text2image.sample(
         model, want.caption(), n=args.n, temperature=args.temperature, top_k=args.top_k, generator=g
@@ -90,9 +86,71 @@ def generate(args: argparse.Namespace) -> str:
         raise GenerateError(f"cannot write {args.out} ({type(e).__name__}: {e})") from None
     read = sum(scenes.read_scene(im) == want for im in images)
     return (
-        f"{args.n} samples of {want.caption()!r} from step {ck.state.step} written to {args.out}; "
+        f"{args.n} samples of {want.caption()!r} from step {step} written to {args.out}; "
         f"{read} of {args.n} show exactly that scene"
     )
+
+
+def _model_from_checkpoint(path: str) -> tuple[int, Any]:
+    from collab.methods.checkpoint import open_checkpoint
+    from collab.tasks.build import build_task
+
+    ck = open_checkpoint(path)
+    if ck.config is None or ck.config.task.name != "text2image":
+        found = "no run config" if ck.config is None else f"task {ck.config.task.name}"
+        raise GenerateError(f"checkpoint {path} is not of a text2image run ({found})")
+    task = build_task(ck.config)
+    if ck.state.z.numel() != task.dim:
+        raise GenerateError(f"checkpoint {path} does not fit its task's model")
+    model, _ = task.unflatten(ck.state.z)  # type: ignore[attr-defined]
+    return ck.state.step, model
+
+
+def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
+    """The current model of the run at ``args.coordinator``: the most advanced volunteer's state,
+    hash-checked and checked against the run's method like a late joiner's download."""
+    from peers.join import JoinError, fetch_run
+    from peers.keeper import KeeperError, connect, follower_method
+
+    try:
+        cfg, peers = fetch_run(args.coordinator)
+    except JoinError as e:
+        raise GenerateError(str(e)) from None
+    if cfg.task.name != "text2image":
+        raise GenerateError(f"--coordinator: run {cfg.run_id} trains task {cfg.task.name}, not text2image")
+    from collab.swarm.state_sync import StateRejected, StateSource, alive_steps, download_state
+
+    task, method = follower_method(cfg)
+    try:
+        node = connect(args, cfg, peers, "generate")
+    except KeeperError as e:
+        raise GenerateError(str(e)) from None
+    source = StateSource(
+        config_version=cfg.version(), method=method.name, timeout_s=cfg.swarm.state_sync_timeout_s
+    )
+    problems: list[str] = []
+    try:
+        # peers publish their alive records every heartbeat: a few heartbeats tell who is there
+        for _ in range(max(3, int(3 * cfg.swarm.heartbeat_ttl_s / cfg.swarm.heartbeat_interval_s))):
+            try:
+                alive = node.get_dict(f"{cfg.run_id}_alive", timeout_s=10.0)
+            except Exception as e:  # hivemind reports a slow DHT in several ways: look again
+                problems.append(f"the DHT did not answer: {e}")
+                alive = {}
+            for _step, peer in alive_steps(alive):
+                try:
+                    state = download_state(node, peer, source)
+                    method.adopt_state(state)
+                except (StateRejected, ValueError) as e:
+                    problems.append(f"{peer[-6:]}: {e}")
+                    continue
+                model, _ = task.unflatten(state.z)
+                return state.step, model
+            time.sleep(cfg.swarm.heartbeat_interval_s)
+    finally:
+        node.shutdown()
+    why = f" ({problems[-1]})" if problems else ": no volunteer is training it now"
+    raise GenerateError(f"--coordinator: could not download the model of run {cfg.run_id}{why}")
 
 
 def run(args: argparse.Namespace) -> int:

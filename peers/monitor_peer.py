@@ -19,6 +19,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--port", type=int, default=8080, help="dashboard port (0: any free port)")
     p.add_argument("--db", default="runs/monitor.sqlite", help="SQLite history file")
     p.add_argument("--poll-interval", type=float, default=1.0, help="seconds between DHT reads")
+    p.add_argument(
+        "--gallery", metavar="DIR", help="show the sample gallery of a model keeper (its OUT/gallery folder)"
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -63,12 +66,20 @@ def run(args: argparse.Namespace) -> int:
     monitor = Monitor(cfg, node, store, poll_interval_s=args.poll_interval).start()
     try:
         print(f"dashboard: http://{args.host}:{sock.getsockname()[1]}/", flush=True)
-        serve(build_app(monitor), sock)
+        serve(build_app(monitor, gallery_dir=args.gallery, join_command=_join_command(args)), sock)
     finally:
         monitor.stop()
         store.close()
         node.shutdown()
     return 0
+
+
+def _join_command(args: argparse.Namespace) -> str:
+    """What a viewer runs to join the run this monitor watches."""
+    if args.coordinator:
+        token = f" --token {args.token}" if args.token else ""
+        return f"collab join --coordinator {args.coordinator}{token}"
+    return f"collab join --config {args.config} --initial-peers {' '.join(args.initial_peers)}".strip()
 
 
 if __name__ == "__main__":

@@ -23,18 +23,17 @@ from typing import Any
 from hivemind.utils import get_dht_time
 
 from collab.config import RunConfig
-from collab.methods.base import Method, MethodState, RoundFailed
+from collab.methods.base import Method, RoundFailed
 from collab.methods.build import build_method
 from collab.methods.checkpoint import CheckpointError, encode_checkpoint, read_checkpoint, write_checkpoint
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.bans import BanEvent
 from collab.swarm.matchmaking import StateMismatch
-from collab.swarm.transport import Header, SwarmNode, TransportError
+from collab.swarm.state_sync import STATE, StateRejected, StateSource, alive_steps, download_state
+from collab.swarm.transport import Header, SwarmNode
 from collab.tasks.build import build_task
 
 logger = logging.getLogger(__name__)
-
-STATE = "collab.state"
 
 
 class ConfigMismatch(RuntimeError):
@@ -168,45 +167,26 @@ class Volunteer:
         return header, state.to_bytes()
 
     def _peers_ahead(self) -> list[tuple[int, str]]:
-        me = self.node.peer_key
-        ahead = []
-        for peer, rec in self.aggregator.matchmaker.alive_peers.items():
-            step = rec.get("step") if isinstance(rec, dict) else None
-            if peer != me and isinstance(step, int) and step > self.step:
-                ahead.append((step, peer))
-        return sorted(ahead, reverse=True)
+        view = self.aggregator.matchmaker.alive_peers
+        return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > self.step]
 
     def sync(self, source: str | None = None) -> bool:
         """Download the state of the most advanced peer ahead of us (or of ``source``, even at our step);
         ``True`` if one was adopted."""
         candidates = [(self.step, source)] if source is not None else self._peers_ahead()
+        expected = StateSource(
+            config_version=self.config_version,
+            method=self.method.name,
+            timeout_s=self.cfg.swarm.state_sync_timeout_s,
+        )
         for _step, peer in candidates:
             if self.aggregator.matchmaker.is_suspect(peer):
                 continue
             try:
-                header, payload = self.node.run(
-                    self.node.call(peer, STATE, {}, timeout_s=self.cfg.swarm.state_sync_timeout_s),
-                    timeout_s=self.cfg.swarm.state_sync_timeout_s + 5.0,
-                )
-                state = MethodState.from_bytes(payload)
-            except (TransportError, ValueError, TimeoutError) as e:
-                logger.warning("%s: state download from %s failed: %s", self.name, peer[-6:], e)
-                self.aggregator.matchmaker.suspect(peer)
-                continue
-            if header.get("version") != self.config_version:
-                logger.warning("%s: %s runs another config; not taking its state", self.name, peer[-6:])
-                self.aggregator.matchmaker.suspect(peer)
-                continue
-            if header.get("hash") != state.hash() or header.get("method") != self.method.name:
-                logger.warning(
-                    "%s: state from %s does not match its hash or method; ignored", self.name, peer[-6:]
-                )
-                self.aggregator.matchmaker.suspect(peer)
-                continue
-            try:
+                state = download_state(self.node, peer, expected)
                 self.method.adopt_state(state)
-            except ValueError as e:  # the right hash, but not a state of this run (other shapes)
-                logger.warning("%s: state from %s does not fit this run: %s", self.name, peer[-6:], e)
+            except (StateRejected, ValueError) as e:  # ValueError: the right hash, but other shapes
+                logger.warning("%s: not taking the state of %s: %s", self.name, peer[-6:], e)
                 self.aggregator.matchmaker.suspect(peer)
                 continue
             logger.info("%s: synchronized to step %d from %s", self.name, state.step, peer[-6:])

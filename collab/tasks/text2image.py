@@ -196,3 +196,27 @@ def image_grid(images: list[list[int]], *, columns: int = 8, cell: int = 8) -> A
             tile.resize((side, side), Image.Resampling.NEAREST), (2 + c * (side + 2), 2 + r * (side + 2))
         )
     return canvas
+
+
+def gallery_images(
+    model: Any,
+    prompts: list[str],
+    *,
+    n: int = 4,
+    temperature: float = 1.0,
+    top_k: int | None = 3,
+    seed: int = 0,
+) -> list[tuple[str, bytes, int, int]]:
+    """For each prompt: ``(prompt, PNG of n samples side by side, n, samples the checker reads back as the
+    prompt's scene)``. Prompts outside the grammar raise :class:`scenes.CaptionError`."""
+    import io
+
+    out = []
+    g = torch.Generator().manual_seed(seed)
+    for prompt in prompts:
+        want = scenes.parse_caption(prompt)
+        images = sample(model, want.caption(), n=n, temperature=temperature, top_k=top_k, generator=g)
+        png = io.BytesIO()
+        image_grid(images, columns=n).save(png, format="PNG")
+        out.append((prompt, png.getvalue(), n, sum(scenes.read_scene(im) == want for im in images)))
+    return out

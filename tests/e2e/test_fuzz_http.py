@@ -30,6 +30,7 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from collab.config import load_config
+from collab.gallery import add_entry
 from monitor.app import build_app as build_dashboard
 from monitor.service import Monitor
 from monitor.store import MonitorStore
@@ -38,6 +39,11 @@ from peers.config_server import bind, build_app, serve_in_thread
 from tests.conftest import CONFIGS
 
 TIMEOUT_S = 5.0
+# a 1x1 PNG: the gallery serves whatever the model keeper wrote
+PNG = bytes.fromhex(
+    "89504e470d0a1a0a0000000d4948445200000001000000010806000000"
+    "1f15c4890000000d49444154789c6360000002000001e221bc330000000049454e44ae426082"
+)
 FUZZ = settings(
     max_examples=300,
     deadline=None,  # each request has its own TIMEOUT_S
@@ -73,12 +79,19 @@ class Servers:
 def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     cfg = load_config(CONFIGS / "demo.yaml")
     store = MonitorStore(tmp_path_factory.mktemp("monitor") / "monitor.sqlite")
+    gallery_dir = tmp_path_factory.mktemp("gallery")
+    add_entry(gallery_dir, 1, [("a red ring top left on black", PNG, 1, 0)])
     monitor = Monitor(cfg, NoRecords(), store, poll_interval_s=0.5).start()
     errors = _ErrorLog()
     watched = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn", "peers.http_limits")]
     running = []
     try:
-        for app in (build_app(cfg, lambda: ["/ip4/127.0.0.1/tcp/1/p2p/QmX"]), build_dashboard(monitor)):
+        for app in (
+            build_app(cfg, lambda: ["/ip4/127.0.0.1/tcp/1/p2p/QmX"]),
+            build_dashboard(
+                monitor, gallery_dir=gallery_dir, join_command="collab join --coordinator http://127.0.0.1:1"
+            ),
+        ):
             sock = bind("127.0.0.1", 0)
             server, thread = serve_in_thread(app, sock)
             running.append((server, thread, sock.getsockname()[1]))
@@ -191,7 +204,11 @@ def assert_answered(reply: Reply, what: object, *, allow_close: bool = False) ->
 
 # ---- random well-formed requests ------------------------------------------------------------------------
 CONFIG_PATHS = ["/v1/run", "/healthz", "/v1/join", "/"]
-MONITOR_PATHS = ["/", "/api/summary", "/api/history", "/api/peers", "/api/contributors", "/api/config"]
+MONITOR_PATHS = [
+    "/", "/api/summary", "/api/history", "/api/peers", "/api/contributors", "/api/config", "/api/join",
+    "/api/gallery", "/gallery/step-000001-00.png", "/gallery/index.json", "/gallery/..%2Findex.json",
+    "/gallery/%2e%2e%2fmonitor.sqlite", "/gallery/step-000001-00.png%00",
+]  # fmt: skip
 ODD_PATHS = [
     "/static/../../etc/passwd", "/%2e%2e/%2e%2e/etc/passwd", "//", "/v1/run/", "/v1//run", "/%00",
     "/%ff%fe", "/" + quote("é🙂"), "/api/summary%0d%0aX-Injected:%201", "/" + "a" * 3000, "*",
@@ -487,6 +504,18 @@ def test_still_serving_after_the_barrage(servers: Servers, slow_clients: Any) ->
     run = exchange(servers.config_port, request("GET", "/v1/run"))
     assert run.status == 200 and json.loads(run.body)["config"]["run_id"] == "demo"
     assert servers.errors.records == [], "the servers logged errors:\n" + "\n".join(servers.errors.records)
+
+
+def test_gallery_serves_only_the_keepers_images(servers: Servers) -> None:
+    index = json.loads(exchange(servers.monitor_port, request("GET", "/api/gallery")).body)
+    assert [e["step"] for e in index["entries"]] == [1]
+    image = exchange(servers.monitor_port, request("GET", "/gallery/step-000001-00.png"))
+    assert image.status == 200 and image.body == PNG and b"image/png" in image.head
+    for path in ("/gallery/index.json", "/gallery/..%2Findex.json", "/gallery/step-000002-00.png",
+                 "/gallery/..%2F..%2Fetc%2Fpasswd", "/gallery/step-000001-00.png.tmp"):  # fmt: skip
+        assert exchange(servers.monitor_port, request("GET", path)).status == 404, path
+    join = json.loads(exchange(servers.monitor_port, request("GET", "/api/join")).body)
+    assert join == {"command": "collab join --coordinator http://127.0.0.1:1", "invite_only": False}
 
 
 def test_no_server_error_page_even_for_a_bug() -> None:

@@ -1,0 +1,63 @@
+"""Downloading a peer's replicated state, checked before anyone uses it.
+
+Knows the ``collab.state`` call and :class:`MethodState`; nothing of training. Used by volunteers that
+fall behind or join late (``Volunteer.sync``) and by peers that follow a run without training (the model
+keeper, ``collab generate --coordinator``). A download is accepted only when the answer names this run's
+config version and method and the state's own sha256 equals the hash the peer announced; anything else
+is a :class:`StateRejected` with one line that says why, and the caller tries another peer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+from collab.methods.base import MethodState
+from collab.swarm.transport import SwarmNode, TransportError
+
+STATE = "collab.state"
+
+
+class StateRejected(RuntimeError):
+    """A state download failed or its answer did not check out (one line)."""
+
+
+@dataclass(frozen=True)
+class StateSource:
+    """What a downloaded state must belong to."""
+
+    config_version: str
+    method: str
+    timeout_s: float
+
+
+def download_state(node: SwarmNode, peer: str, source: StateSource) -> MethodState:
+    """``peer``'s current state, checked against ``source``; raises :class:`StateRejected`."""
+    try:
+        header, payload = node.run(
+            node.call(peer, STATE, {}, timeout_s=source.timeout_s),
+            # the call's own limit plus the time to hand the answer back to this thread
+            timeout_s=source.timeout_s + 5.0,
+        )
+        state = MethodState.from_bytes(payload)
+    except (TransportError, ValueError, TimeoutError) as e:
+        raise StateRejected(f"download failed: {e}") from None
+    if header.get("version") != source.config_version:
+        raise StateRejected("it runs another config")
+    if header.get("method") != source.method:
+        raise StateRejected(f"it runs method {str(header.get('method'))[:40]!r}, not {source.method!r}")
+    if header.get("hash") != state.hash():
+        raise StateRejected("its state does not match the hash it announced")
+    return state
+
+
+def alive_steps(alive: Mapping[str, object], *, exclude: str | None = None) -> list[tuple[int, str]]:
+    """``(step, peer)`` of the training peers in an alive view, most advanced first."""
+    out = []
+    for peer, rec in alive.items():
+        if peer == exclude or not isinstance(rec, dict) or rec.get("status") in ("coordinator", "left"):
+            continue
+        step = rec.get("step")
+        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
+            out.append((step, peer))
+    return sorted(out, reverse=True)
