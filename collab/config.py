@@ -233,6 +233,20 @@ class SwarmConfig(_Section):
         gt=1,
         description="a contribution whose norm exceeds this multiple of the group's lower median is dropped",
     )
+    max_weight_ratio: float = Field(
+        100.0,
+        gt=1,
+        description="a contribution claiming more samples than this multiple of the group's lower median "
+        "is dropped (members of uneven speed claim different sample counts)",
+    )
+    round_time_s: float | None = Field(
+        None,
+        gt=0,
+        description="compute budget of a round: each member evaluates as many microbatches at the round's "
+        "points as fit in this many seconds of its time and is weighted by its samples, so fast machines "
+        "contribute more and slow ones still take part (null: one microbatch per member, as collab "
+        "simulate computes)",
+    )
     ban_duration_s: float = Field(
         600.0, gt=0, description="how long a peer that sent an invalid contribution is excluded from rounds"
     )

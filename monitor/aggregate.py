@@ -28,6 +28,7 @@ REQUIRED = {
     "wire_sent": int,
     "wire_received": int,
     "group_size": int,
+    "round_share": float,
     "device": str,
     "client_mode": bool,
     "config_version": str,

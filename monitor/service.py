@@ -123,6 +123,8 @@ class Monitor:
                     "name": r["name"],
                     "device": r["device"],
                     "step": r["step"],
+                    "samples_per_s": round(r["samples_per_s"], 1),
+                    "round_share": round(r["round_share"], 3),
                     "last_seen_s": round(max(0.0, now - r["time"]), 1),
                     "client_mode": r["client_mode"],
                     "alive": now - r["time"] <= self.alive_window_s,

@@ -18,7 +18,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from collab.config import ConfigError, RunConfig, parse_config, with_overrides
+from collab.config import ConfigError, RunConfig, parse_config
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit, task_problem
 from peers.http_client import HttpError, check_url, request_json
 
@@ -40,7 +40,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_run_source_arguments(p)
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto", help="compute device")
     p.add_argument("--device-index", type=int, help="which data shard to train (default: from the peer key)")
-    p.add_argument("--batch-size", type=int, help="local batch size (tasks with minibatches)")
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        help="samples per microbatch on this machine (tasks with minibatches; default: the run's). Your "
+        "own choice: contributions are weighted by their samples, the run's config is unchanged",
+    )
+    p.add_argument(
+        "--throttle",
+        type=float,
+        default=1.0,
+        metavar="F",
+        help="use at most this fraction of this machine's time for training (0 < F <= 1; default 1)",
+    )
     p.add_argument(
         "--precision",
         choices=["fp32", "bf16", "fp16"],
@@ -143,6 +155,12 @@ def run(args: argparse.Namespace) -> int:
     if args.checkpoint_every < 1:
         print("--checkpoint-every: must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.batch_size is not None and not 1 <= args.batch_size <= 65536:
+        print("--batch-size: must be between 1 and 65536", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    if not 0 < args.throttle <= 1:
+        print("--throttle: must be a fraction in (0, 1], e.g. 0.5 for half of this machine", file=sys.stderr)
+        return EXIT_BAD_INPUT
     if args.resume and not args.checkpoint:
         print("--resume: needs --checkpoint PATH (the file to resume from)", file=sys.stderr)
         return EXIT_BAD_INPUT
@@ -151,11 +169,6 @@ def run(args: argparse.Namespace) -> int:
         return resolved
     cfg, initial_peers = resolved
     try:
-        if args.batch_size is not None:
-            if args.batch_size < 1:
-                raise JoinError("--batch-size: must be at least 1")
-            if hasattr(cfg.task, "batch_size"):
-                cfg = with_overrides(cfg, task={"batch_size": args.batch_size})
         device = pick_device(args.device)
         problem = task_problem(cfg)
         if problem is not None:
@@ -164,9 +177,6 @@ def run(args: argparse.Namespace) -> int:
     except JoinError as e:
         print(str(e), file=sys.stderr)
         return 1
-    except ConfigError as e:
-        print(f"--batch-size: {e.problems[0]}", file=sys.stderr)
-        return EXIT_BAD_INPUT
     return _train(args, cfg, initial_peers, device)
 
 
@@ -218,6 +228,8 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
                 device=device,
                 precision=args.precision,
                 client_mode=args.client_mode,
+                batch_size=args.batch_size,
+                throttle=args.throttle,
             )
         except FactoryError as e:  # e.g. options the installed factory does not accept
             print(str(e), file=sys.stderr)

@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import hashlib
 import json
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import torch
 
@@ -92,6 +94,39 @@ class Aggregator(ABC):
     def last_group_size(self) -> int:
         """Number of devices in the last completed round."""
         return self.num_local
+
+    def prepare(self, key: RoundKey) -> None:  # noqa: B027 (an optional hook: most aggregators need none)
+        """Called before the local devices compute for round ``key``: an aggregator may form the round's
+        group now, so members start computing together (default: nothing). May raise RoundFailed."""
+
+
+class MicrobatchPlan(Protocol):
+    """How many microbatches a device evaluates at a round's points: ``more(done, elapsed_s)`` is asked
+    before each one (``done`` finished so far, ``elapsed_s`` since the first began); the first is always
+    evaluated."""
+
+    def more(self, done: int, elapsed_s: float) -> bool: ...
+
+
+@dataclass(frozen=True)
+class FixedMicrobatches:
+    """Exactly ``count`` microbatches (the default, 1: what ``collab simulate`` computes)."""
+
+    count: int = 1
+
+    def more(self, done: int, elapsed_s: float) -> bool:
+        return done < self.count
+
+
+@dataclass(frozen=True)
+class TimeBudget:
+    """As many microbatches as fit in ``seconds`` of this device's time, judged by the mean time of the
+    ones done so far (at least one: a device slower than the budget contributes one, late)."""
+
+    seconds: float
+
+    def more(self, done: int, elapsed_s: float) -> bool:
+        return done == 0 or elapsed_s * (done + 1) / done <= self.seconds
 
 
 @dataclass
@@ -237,6 +272,34 @@ class Method(ABC):
         self.dim = int(z0.numel())
         self._z0 = z0.detach().float().reshape(-1).clone()
         self.state: MethodState | None = None
+        # local, never replicated: how much each device computes per round, and what it last contributed
+        self.microbatches: MicrobatchPlan = FixedMicrobatches(1)
+        self.last_samples = 0.0  # samples behind the local devices' messages of the last step
+        self._step_samples = 0.0
+
+    def _evaluate(
+        self,
+        worker: Worker,
+        points: Sequence[torch.Tensor],
+        *,
+        step: int,
+        full: bool = False,
+        count: int | None = None,
+    ) -> tuple[list[torch.Tensor], float, int]:
+        """``worker``'s operator at ``points``, averaged over the microbatches its plan allows (or exactly
+        ``count``, to repeat an earlier evaluation's sample set): the means, their weight (samples) and
+        the count. One microbatch gives the operator's own tensors, bit for bit."""
+        start = time.monotonic()
+        sums: list[torch.Tensor] = []
+        done = 0
+        while (done < count) if count is not None else self.microbatches.more(done, time.monotonic() - start):
+            out = worker.operator.evaluate(points, step=step, full=full, microbatch=done)
+            sums = out if done == 0 else [a + b for a, b in zip(sums, out, strict=True)]
+            done += 1
+        means = sums if done == 1 else [t / done for t in sums]
+        if not full:
+            self._step_samples += worker.operator.weight * done
+        return means, worker.operator.weight * done, done
 
     @property
     def initialized(self) -> bool:
@@ -252,8 +315,10 @@ class Method(ABC):
             self.initialize()
         assert self.state is not None
         before_up, before_down = self.aggregator.stats.bits_up, self.aggregator.stats.bits_down
+        self._step_samples = 0.0
         new_state, new_errors, refreshed = self._step(self.state)
         self.state = new_state
+        self.last_samples = self._step_samples
         for worker, err in zip(self.workers, new_errors, strict=True):
             worker.error = err
         return StepReport(

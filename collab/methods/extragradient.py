@@ -30,19 +30,20 @@ class ExtraGradient(Method):
 
     def _step(self, state: MethodState) -> tuple[MethodState, list[torch.Tensor | None], bool]:
         k = state.step
-        weights = [w.operator.weight for w in self.workers]
-        fz = self._dense_average(
-            RoundKey(k, "eg-z"),
-            [w.operator.evaluate([state.z], step=k)[0] for w in self.workers],
-            weights,
-        )
+        self.aggregator.prepare(RoundKey(k, "eg-z"))
+        at_z = [self._evaluate(w, [state.z], step=k) for w in self.workers]
+        weights = [weight for _, weight, _ in at_z]
+        fz = self._dense_average(RoundKey(k, "eg-z"), [f[0] for f, _, _ in at_z], weights)
         plan = self.optimizer.plan(state.extra, k, state.z)  # sgd: z - gamma * direction
         z_half = self.project(plan.extrapolate(fz))
-        fh = self._dense_average(
-            RoundKey(k, "eg-half"),
-            [w.operator.evaluate([z_half], step=k)[0] for w in self.workers],
-            weights,
-        )
+        self.aggregator.prepare(RoundKey(k, "eg-half"))
+        # the same microbatches at z_half as at z (their count is this device's, from the first round)
+        at_half = [
+            self._evaluate(w, [z_half], step=k, count=n)
+            for w, (_, _, n) in zip(self.workers, at_z, strict=True)
+        ]
+        self._step_samples -= sum(weights)  # the same samples again: counted once
+        fh = self._dense_average(RoundKey(k, "eg-half"), [f[0] for f, _, _ in at_half], weights)
         moved, moments = plan.update(fh)
         z_next = self.project(moved)
         new_state = MethodState(step=k + 1, z=z_next, w=state.z.clone(), fw=fz, extra=moments)

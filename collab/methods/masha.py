@@ -80,11 +80,9 @@ class _Masha(Method):
         return self.seed if worker.compress_seed is None else worker.compress_seed
 
     def _full_operator(self, key: RoundKey, point: torch.Tensor, *, step: int) -> torch.Tensor:
-        return self._dense_average(
-            key,
-            [w.operator.evaluate([point], step=step, full=True)[0] for w in self.workers],
-            [w.operator.weight for w in self.workers],
-        )
+        self.aggregator.prepare(key)
+        evaluated = [self._evaluate(w, [point], step=step, full=True) for w in self.workers]
+        return self._dense_average(key, [f[0] for f, _, _ in evaluated], [wt for _, wt, _ in evaluated])
 
     def _server(
         self, mean: CompressedMessage, error: torch.Tensor | None, step: int
@@ -105,8 +103,9 @@ class _Masha(Method):
 
         contributions: list[Contribution] = []
         new_errors: list[torch.Tensor | None] = []
+        self.aggregator.prepare(RoundKey(k, "delta"))
         for worker in self.workers:
-            f_half, f_w = worker.operator.evaluate([z_half, state.w], step=k)
+            (f_half, f_w), weight, _ = self._evaluate(worker, [z_half, state.w], step=k)
             delta = f_half - f_w
             if self.error_feedback:
                 assert worker.error is not None
@@ -116,7 +115,7 @@ class _Masha(Method):
             else:
                 msg = worker.compressor.compress(delta, seed=self._seed_of(worker), step=k)
                 new_errors.append(None)
-            contributions.append(Contribution(msg, worker.operator.weight))
+            contributions.append(Contribution(msg, weight))
 
         server_out: dict[str, torch.Tensor | None] = {}
 

@@ -49,6 +49,7 @@ class SwarmAggregator(Aggregator):
         )
         self.reducer = ExactReducer(node=node, cfg=cfg, bans=self.bans)
         self._last_group: Group | None = None
+        self._prepared: tuple[str, Group] | None = None  # (round id, group) formed before computing
 
     @property
     def num_local(self) -> int:
@@ -69,6 +70,32 @@ class SwarmAggregator(Aggregator):
         # per-device Rand-k) as explicit indices partitioned by coordinate range.
         return "shared" if msg.kind == MessageKind.SHARED and msg.seed == self.shared_seed else "sparse"
 
+    def _form_group(self, round_id: str) -> Group:
+        try:
+            return self.node.run(
+                self.matchmaker.form_group(round_id), timeout_s=self.cfg.matchmaking_timeout_s + 5.0
+            )
+        except TimeoutError:
+            raise RoundFailed(f"round {round_id}: matchmaking timed out") from None
+
+    def prepare(self, key: RoundKey) -> None:
+        """With a round budget (``round_time_s``), form the group before computing: members then compute
+        for the same budget from about the same moment, and a slow member is never late for matchmaking."""
+        self._prepared = None
+        if self.cfg.round_time_s is None:
+            return
+        round_id = f"{key.step}.{key.phase}"
+        sent0, recv0 = self.node.bytes_sent, self.node.bytes_received
+        try:
+            self._prepared = (round_id, self._form_group(round_id))
+        except RoundFailed:
+            raise
+        except Exception as e:  # as in reduce: a broken peer's answer skips the round, never kills us
+            raise RoundFailed(f"round {round_id}: {type(e).__name__}: {e}") from None
+        finally:
+            self.stats.wire_bytes_sent += self.node.bytes_sent - sent0
+            self.stats.wire_bytes_received += self.node.bytes_received - recv0
+
     def reduce(
         self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn
     ) -> CompressedMessage:
@@ -77,10 +104,9 @@ class SwarmAggregator(Aggregator):
         c = contributions[0]
         round_id = f"{key.step}.{key.phase}"
         sent0, recv0 = self.node.bytes_sent, self.node.bytes_received
+        prepared, self._prepared = self._prepared, None
         try:
-            group = self.node.run(
-                self.matchmaker.form_group(round_id), timeout_s=self.cfg.matchmaking_timeout_s + 5.0
-            )
+            group = prepared[1] if prepared and prepared[0] == round_id else self._form_group(round_id)
             mean = self.node.run(
                 self.reducer.reduce(group, c.message, c.weight, self._layout(c.message)),
                 timeout_s=self.cfg.allreduce_timeout_s + 8.0,

@@ -12,12 +12,14 @@ simulation's when the canonical order matches its device order.
 **Validation.** The owner checks every part before averaging it: that it comes from the group member it
 claims to be (the libp2p-authenticated sender), matches the round's layout as the owner computed it
 itself, fits the size a well-formed part can have, parses (kind, lengths, strictly increasing in-range
-indices), holds finite values, and that its norm and weight are not outliers against the group's lower
-median (``max_norm_ratio``). A part that fails is dropped from this part's average, its sender is banned
-(:mod:`collab.swarm.bans`) and told why; the other members get the average of the valid parts, and the
-list of dropped members, in the answer. Members check the reduced parts they receive in a deterministic
-way (everyone receives the same bytes, so everyone decides alike): well-formed, finite, and an RMS within
-``max_norm_ratio**2`` of the other parts' lower median; a bad one fails the round and bans its owner.
+indices), holds finite values, and that its norm and its claimed samples (weight) are not outliers
+against the group's lower median (``max_norm_ratio`` for norms; ``max_weight_ratio``, wider, for
+weights: members of uneven speed honestly differ in samples per round). A part that fails is dropped
+from this part's average, its sender is banned (:mod:`collab.swarm.bans`) and told why; the other
+members get the average of the valid parts, and the list of dropped members, in the answer. Members
+check the reduced parts they receive in a deterministic way (everyone receives the same bytes, so
+everyone decides alike): well-formed, finite, and an RMS within ``max_norm_ratio**2`` of the other
+parts' lower median; a bad one fails the round and bans its owner.
 
 Per member and round: about ``(n-1)/n`` of its message is sent and ``(n-1)/n`` of the aggregate received,
 plus the same again as owner - independent of the group size. A missing or late part fails the whole
@@ -101,6 +103,7 @@ class _Slot:
     refused: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
     conflicts: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
     own: tuple[CompressedMessage, float] | None = None
+    total_weight: float = 0.0  # the samples behind this part's average (valid members only)
     result: asyncio.Future[tuple[bytes, dict[int, str]]] | None = None
     created: float = field(default_factory=time.monotonic)
 
@@ -119,6 +122,7 @@ class ExactReducer:
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self._slots: dict[tuple[str, int], _Slot] = {}
         self.last_excluded: dict[str, str] = {}  # peer -> reason, for the latest completed round
+        self.last_share = 0.0  # this member's weight / the samples behind its own part, latest round
         node.serve(PART, self._handle_part, on_refused=self._on_refused)
 
     def _slot(self, group_id: str, j: int) -> _Slot:
@@ -225,13 +229,15 @@ class ExactReducer:
         ratio = self.cfg.max_norm_ratio
         for i, why in outliers({i: norm_of(m) for i, (m, _) in valid.items()}, ratio, trusted=me).items():
             excluded[i] = f"norm {why}"
-        for i, why in outliers({i: w for i, (_, w) in valid.items()}, ratio, trusted=me).items():
+        weight_ratio = self.cfg.max_weight_ratio  # honest members of uneven speed differ in samples
+        for i, why in outliers({i: w for i, (_, w) in valid.items()}, weight_ratio, trusted=me).items():
             excluded.setdefault(i, f"weight {why}")
         for i, why in excluded.items():
             valid.pop(i, None)
             if why != "banned":
                 self.bans.ban(slot.group.peers[i], why, slot.group.round_id)
         ordered = [valid[i] for i in sorted(valid)]
+        slot.total_weight = sum(w for _, w in ordered)
         mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
         slot.result.set_result((mean.to_bytes(), excluded))
 
@@ -335,6 +341,7 @@ class ExactReducer:
         for j, why in outliers(rms, self.cfg.max_norm_ratio**2).items():
             self.bans.ban(group.peers[j], f"inflated reduced part: RMS {why}", group.round_id)
             raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is inflated: RMS {why}")
+        self.last_share = weight / own.total_weight if own.total_weight > 0 else 0.0
         self.last_excluded = {
             group.peers[int(i)]: str(r)
             for _, excluded in answers

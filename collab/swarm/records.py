@@ -30,6 +30,7 @@ class ProgressRecord(BaseModel):
     wire_sent: StrictInt
     wire_received: StrictInt
     group_size: StrictInt
+    round_share: StrictFloat  # this peer's samples / the group's, in its latest round (0..1)
     device: StrictStr
     client_mode: StrictBool
     software_version: StrictStr

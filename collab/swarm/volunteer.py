@@ -23,7 +23,7 @@ from typing import Any
 from hivemind.utils import get_dht_time
 
 from collab.config import RunConfig
-from collab.methods.base import Method, RoundFailed
+from collab.methods.base import Method, RoundFailed, TimeBudget
 from collab.methods.build import build_method
 from collab.methods.checkpoint import CheckpointError, encode_checkpoint, read_checkpoint, write_checkpoint
 from collab.swarm.aggregator import SwarmAggregator
@@ -31,6 +31,7 @@ from collab.swarm.bans import BanEvent
 from collab.swarm.matchmaking import StateMismatch
 from collab.swarm.state_sync import STATE, StateRejected, StateSource, alive_steps, download_state
 from collab.swarm.transport import Header, SwarmNode
+from collab.tasks.base import Throttled
 from collab.tasks.build import build_task
 
 logger = logging.getLogger(__name__)
@@ -57,12 +58,16 @@ class Volunteer:
         device: str = "cpu",
         precision: str = "fp32",
         client_mode: bool = False,
+        batch_size: int | None = None,
+        throttle: float = 1.0,
     ) -> None:
         if not 0 <= device_index < cfg.num_devices:
             raise ValueError(f"device index {device_index} outside [0, {cfg.num_devices})")
         self.cfg, self.node, self.device_index = cfg, node, device_index
         self.name = name or f"peer-{node.peer_key[-6:]}"
-        self.task = build_task(cfg, device=device, precision=precision)
+        # batch size and throttle are this volunteer's own choice: not in the run's config (nor its
+        # version); contributions are weighted by the samples behind them
+        self.task = build_task(cfg, device=device, precision=precision, batch_size=batch_size)
         self.aggregator = SwarmAggregator(
             node=node,
             run_id=cfg.run_id,
@@ -74,6 +79,11 @@ class Volunteer:
         self.method: Method = build_method(
             cfg, self.task, self.aggregator, [device_index], device_keys=[node.peer_key]
         )
+        if throttle < 1:
+            for worker in self.method.workers:
+                worker.operator = Throttled(worker.operator, throttle)
+        if cfg.swarm.round_time_s is not None:
+            self.method.microbatches = TimeBudget(cfg.swarm.round_time_s)
         self.aggregator.bans.on_ban = self._on_ban
         self.aggregator.matchmaker.state_hash = self._state_hash
         self.stop_event = threading.Event()
@@ -263,6 +273,8 @@ class Volunteer:
                 hash=self.method.state.hash(),
                 metric=self.task.metric(self.method.state.z),
                 group=self.aggregator.last_group_size,
+                samples=self.method.last_samples,
+                share=round(self.aggregator.reducer.last_share, 4),
                 members=self.aggregator.last_group.peers if self.aggregator.last_group else [],
                 refreshed=report.refreshed,
                 bits_up=stats.bits_up,
@@ -306,7 +318,7 @@ class Volunteer:
         Returns this step's samples per second."""
         now = time.monotonic()
         elapsed, self._last_step_time = now - self._last_step_time, now
-        batch = int(sum(w.operator.weight for w in self.method.workers))
+        batch = int(self.method.last_samples)
         self.samples += batch
         samples_per_s = batch / elapsed if elapsed > 0 else 0.0
         if self.signer is None:
@@ -328,6 +340,7 @@ class Volunteer:
             wire_sent=int(stats.wire_bytes_sent),
             wire_received=int(stats.wire_bytes_received),
             group_size=int(self.aggregator.last_group_size),
+            round_share=float(self.aggregator.reducer.last_share),
             device=self.device,
             client_mode=self.client_mode,
             software_version=__version__,

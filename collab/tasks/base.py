@@ -7,6 +7,7 @@ metric reported while training.
 
 from __future__ import annotations
 
+import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -31,18 +32,46 @@ class LocalOperator(ABC):
 
     @abstractmethod
     def evaluate(
-        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False, microbatch: int = 0
     ) -> list[torch.Tensor]:
-        """``F_m`` at each point, all on the same minibatch of ``step`` (``full``: on all local data).
+        """``F_m`` at each point, all on the same minibatch of ``step`` (``full``: a larger one).
 
         Using one minibatch for all points of a step is what makes ``F_m(z') - F_m(w)`` small and
-        therefore cheap to compress (MASHA.md, "Stochastic and federated variants").
+        therefore cheap to compress (MASHA.md, "Stochastic and federated variants"). ``microbatch`` j > 0
+        draws the step's j-th further minibatch (members that compute more samples in a round).
         """
 
     @property
     def weight(self) -> float:
         """Samples behind one evaluation; aggregates may weight devices by it."""
         return 1.0
+
+
+class Throttled(LocalOperator):
+    """``operator`` using at most ``fraction`` of this machine's time: after an evaluation that took t
+    seconds it sleeps t (1 - fraction) / fraction (a volunteer's ``--throttle``, and a slow device in
+    benchmarks). Results are the wrapped operator's, bit for bit."""
+
+    def __init__(self, operator: LocalOperator, fraction: float) -> None:
+        if not 0 < fraction <= 1:
+            raise ValueError(f"throttle fraction must be in (0, 1], not {fraction}")
+        self.operator, self.fraction, self.dim = operator, float(fraction), operator.dim
+
+    def evaluate(
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False, microbatch: int = 0
+    ) -> list[torch.Tensor]:
+        start = time.monotonic()
+        out = self.operator.evaluate(points, step=step, full=full, microbatch=microbatch)
+        if self.fraction < 1:
+            time.sleep((time.monotonic() - start) * (1 - self.fraction) / self.fraction)
+        return out
+
+    @property
+    def weight(self) -> float:
+        return self.operator.weight
+
+    def __getattr__(self, name: str) -> object:  # the wrapped operator's extras (e.g. last_loss)
+        return getattr(self.__dict__["operator"], name)
 
 
 class Task(ABC):

@@ -34,9 +34,9 @@ class BilinearOperator(LocalOperator):
         return torch.cat([gx, gy])
 
     def evaluate(
-        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False, microbatch: int = 0
     ) -> list[torch.Tensor]:
-        return [self._at(p) for p in points]
+        return [self._at(p) for p in points]  # deterministic: every microbatch is the whole operator
 
 
 class BilinearTask(Task):

@@ -220,16 +220,18 @@ class TorchOperator(LocalOperator):
     def weight(self) -> float:
         return float(self.task.batch_size)
 
-    def batch(self, step: int, size: int) -> Any:
-        g = torch.Generator().manual_seed(torch_seed(self.task.seed, step, "torch-batch", self.index))
+    def batch(self, step: int, size: int, microbatch: int = 0) -> Any:
+        # microbatch 0 is the step's minibatch of old (runs and their simulations keep their bits)
+        what = "torch-batch" if microbatch == 0 else f"torch-batch-{microbatch}"
+        g = torch.Generator().manual_seed(torch_seed(self.task.seed, step, what, self.index))
         pick = torch.randint(len(self.examples), (size,), generator=g).tolist()
         return self.task.problem.collate([self.examples[i] for i in pick], g)
 
     def evaluate(
-        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False, microbatch: int = 0
     ) -> list[torch.Tensor]:
         size = self.task.batch_size * (4 if full else 1)
-        batch = to_device(self.batch(step, size), self.model.device)
+        batch = to_device(self.batch(step, size, microbatch), self.model.device)
         out = []
         for p in points:
             f, self.last_loss = self.model.operator(p, batch)

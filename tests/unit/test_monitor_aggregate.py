@@ -13,7 +13,8 @@ def rec(**changes: Any) -> dict[str, Any]:
     base = {
         "step": 10, "samples": 160, "samples_per_s": 8.0, "metric": 0.5, "metric_name": "loss",
         "bits_up": 1000.0, "bits_down": 2000.0, "wire_sent": 500, "wire_received": 700, "group_size": 3,
-        "device": "cpu", "client_mode": False, "config_version": "v1", "name": "a", "time": 100.0,
+        "round_share": 0.3, "device": "cpu", "client_mode": False, "config_version": "v1", "name": "a",
+        "time": 100.0,
     }  # fmt: skip
     base.update(changes)
     return base
