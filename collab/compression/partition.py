@@ -18,18 +18,28 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
+from enum import StrEnum
 
 import torch
 
 from collab.compression.message import CompressedMessage, MessageKind
 
-LAYOUTS = ("dense", "shared", "sparse")
+
+class Layout(StrEnum):
+    """How a message is cut into parts (travels in part headers as its string value)."""
+
+    DENSE = "dense"  # contiguous ranges of all coordinates
+    SHARED = "shared"  # contiguous ranges of the values of Rand-k on coordinates every member shares
+    SPARSE = "sparse"  # explicit (index, value) pairs, cut by coordinate range
 
 
-def layout_of(msg: CompressedMessage) -> str:
+LAYOUTS = tuple(Layout)
+
+
+def layout_of(msg: CompressedMessage) -> Layout:
     if msg.kind == MessageKind.DENSE:
-        return "dense"
-    return "shared" if msg.kind == MessageKind.SHARED else "sparse"
+        return Layout.DENSE
+    return Layout.SHARED if msg.kind == MessageKind.SHARED else Layout.SPARSE
 
 
 def bounds(length: int, n: int) -> list[tuple[int, int]]:
@@ -43,18 +53,18 @@ def bounds(length: int, n: int) -> list[tuple[int, int]]:
     return out
 
 
-def split(msg: CompressedMessage, n: int, layout: str | None = None) -> list[CompressedMessage]:
+def split(msg: CompressedMessage, n: int, layout: Layout | None = None) -> list[CompressedMessage]:
     """The ``n`` parts of ``msg`` (``layout`` defaults to the message's own; ``sparse`` also takes
     ``SHARED`` messages with per-device coordinates, sending their indices explicitly)."""
     layout = layout or layout_of(msg)
-    if layout in ("dense", "shared"):
-        if layout == "dense" and msg.kind != MessageKind.DENSE:
+    if layout in (Layout.DENSE, Layout.SHARED):
+        if layout == Layout.DENSE and msg.kind != MessageKind.DENSE:
             raise ValueError("dense layout needs a dense message")
         return [
             CompressedMessage(MessageKind.DENSE, hi - lo, msg.values[lo:hi].clone())
             for lo, hi in bounds(msg.count, n)
         ]
-    if layout != "sparse" or msg.indices is None:
+    if layout != Layout.SPARSE or msg.indices is None:
         raise ValueError(f"cannot split a {msg.kind.name} message with layout {layout!r}")
     cuts = torch.tensor([hi for _, hi in bounds(msg.numel, n)][:-1], dtype=torch.int64)
     pos = torch.searchsorted(msg.indices, cuts).tolist()
@@ -66,11 +76,11 @@ def split(msg: CompressedMessage, n: int, layout: str | None = None) -> list[Com
 
 
 def check_part(
-    part: CompressedMessage, *, layout: str, numel: int, n: int, j: int, count: int | None
+    part: CompressedMessage, *, layout: Layout, numel: int, n: int, j: int, count: int | None
 ) -> None:
     """Raise ``ValueError`` unless ``part`` is a well-formed part ``j`` of ``n`` for the layout."""
-    if layout in ("dense", "shared"):
-        total = numel if layout == "dense" else count
+    if layout in (Layout.DENSE, Layout.SHARED):
+        total = numel if layout == Layout.DENSE else count
         if total is None:
             raise ValueError("shared layout needs the value count")
         lo, hi = bounds(total, n)[j]
@@ -86,15 +96,19 @@ def check_part(
 
 
 def assemble(
-    parts: Sequence[CompressedMessage], *, layout: str, numel: int, template: CompressedMessage | None = None
+    parts: Sequence[CompressedMessage],
+    *,
+    layout: Layout,
+    numel: int,
+    template: CompressedMessage | None = None,
 ) -> CompressedMessage:
     """The whole reduced message from its reduced parts (in part order).
 
     ``template`` (the local message) supplies the shared index list and seed for the ``shared`` layout.
     """
-    if layout == "dense":
+    if layout == Layout.DENSE:
         return CompressedMessage(MessageKind.DENSE, numel, torch.cat([p.values for p in parts]))
-    if layout == "shared":
+    if layout == Layout.SHARED:
         if template is None or template.indices is None:
             raise ValueError("shared layout needs the local message as template")
         values = torch.cat([p.values for p in parts])

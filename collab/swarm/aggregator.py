@@ -12,6 +12,7 @@ import logging
 from collections.abc import Sequence
 
 from collab.compression import CompressedMessage, MessageKind
+from collab.compression.partition import Layout
 from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
 from collab.swarm.allreduce import ExactReducer, PeerUnreachable
@@ -63,12 +64,13 @@ class SwarmAggregator(Aggregator):
     def last_group(self) -> Group | None:
         return self._last_group
 
-    def _layout(self, msg: CompressedMessage) -> str:
+    def _layout(self, msg: CompressedMessage) -> Layout:
         if msg.kind == MessageKind.DENSE:
-            return "dense"
+            return Layout.DENSE
         # Rand-k on the run's shared coordinates travels as values only; anything else (Top-k,
         # per-device Rand-k) as explicit indices partitioned by coordinate range.
-        return "shared" if msg.kind == MessageKind.SHARED and msg.seed == self.shared_seed else "sparse"
+        shared = msg.kind == MessageKind.SHARED and msg.seed == self.shared_seed
+        return Layout.SHARED if shared else Layout.SPARSE
 
     def _form_group(self, round_id: str) -> Group:
         try:

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 
 from collab.compression import CompressedMessage, MessageFormatError, MessageKind, weighted_mean
-from collab.compression.partition import assemble, bounds, check_part, layout_of, split
+from collab.compression.partition import Layout, assemble, bounds, check_part, layout_of, split
 from collab.compression.validate import check_finite, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
@@ -70,7 +70,7 @@ class _Params:
     """The round's layout as this owner computed it from its own message (never from a sender's word)."""
 
     n: int
-    layout: str
+    layout: Layout
     numel: int
     count: int | None
     shared_key: tuple[int, int] | None
@@ -80,14 +80,14 @@ class _Params:
         shared = header.get("shared_key")
         return cls(
             n=int(header["n"]),
-            layout=str(header["layout"]),
+            layout=Layout(str(header["layout"])),
             numel=int(header["numel"]),
             count=None if header.get("count") is None else int(header["count"]),
             shared_key=None if shared is None else (int(shared[0]), int(shared[1])),
         )
 
     def entries(self, j: int) -> int:
-        total = self.count if self.layout == "shared" else self.numel
+        total = self.count if self.layout == Layout.SHARED else self.numel
         lo, hi = bounds(total or 0, self.n)[j]
         return hi - lo
 
@@ -195,7 +195,7 @@ class ExactReducer:
         if len(payload) > limit:
             raise ValueError(f"oversized part: {len(payload)} bytes, a valid one has at most {limit}")
         p = slot.params
-        expected = (MessageKind.SPARSE,) if p.layout == "sparse" else (MessageKind.DENSE,)
+        expected = (MessageKind.SPARSE,) if p.layout == Layout.SPARSE else (MessageKind.DENSE,)
         try:
             part = CompressedMessage.from_bytes(payload, max_numel=p.numel, kinds=expected)
         except MessageFormatError as e:
@@ -257,7 +257,7 @@ class ExactReducer:
             raise RoundFailed(f"parts missing: got {have}") from None
 
     async def reduce(
-        self, group: Group, message: CompressedMessage, weight: float, layout: str | None = None
+        self, group: Group, message: CompressedMessage, weight: float, layout: Layout | None = None
     ) -> CompressedMessage:
         """This member's side of the round: returns the group's weighted average (identical everywhere).
 
@@ -272,10 +272,10 @@ class ExactReducer:
         header: Header = {
             "group_id": group.group_id,
             "n": n,
-            "layout": layout,
+            "layout": layout.value,
             "numel": message.numel,
-            "count": message.count if layout == "shared" else None,
-            "shared_key": [message.seed, message.step] if layout == "shared" else None,
+            "count": message.count if layout == Layout.SHARED else None,
+            "shared_key": [message.seed, message.step] if layout == Layout.SHARED else None,
             "sender": me,
             "weight": weight,
             "round": group.round_id,
@@ -325,7 +325,7 @@ class ExactReducer:
         reduced_parts = []
         for j, (blob, _) in enumerate(answers):
             # Everyone receives these same bytes, so everyone takes the same decision on them.
-            expected = (MessageKind.SPARSE,) if layout == "sparse" else (MessageKind.DENSE,)
+            expected = (MessageKind.SPARSE,) if layout == Layout.SPARSE else (MessageKind.DENSE,)
             try:
                 part = CompressedMessage.from_bytes(blob, max_numel=message.numel, kinds=expected)
                 check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])

@@ -30,15 +30,39 @@ import secrets
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import StrEnum
 
 from hivemind.utils import get_dht_time
 
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
+from collab.swarm.records import PeerStatus
 from collab.swarm.transport import Header, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
+
+
+class JoinStatus(StrEnum):
+    """A leader's answer to ``collab.join`` (travels as its string value)."""
+
+    OK = "ok"
+    REDIRECT = "redirect"  # another peer leads this round: ask it
+    STATE_MISMATCH = "state_mismatch"  # the leader holds another state at this step
+    CONFIG_MISMATCH = "config_mismatch"  # the leader runs another config
+    BANNED = "banned"
+    CLOSED = "closed"  # the group is formed without the joiner
+    TIMEOUT = "timeout"  # the joiner's wait ran out before the group formed
+    FAILED = "failed"  # the round failed at the leader
+
+
+class Role(StrEnum):
+    """This peer's part in one round's matchmaking."""
+
+    PENDING = "pending"
+    LEADER = "leader"
+    FOLLOWER = "follower"
+
 
 JOIN = "collab.join"
 JOIN_ANSWER_MARGIN_S = 0.5  # a leader answers a joiner at least this long before the joiner gives up
@@ -70,7 +94,7 @@ class Group:
 
 @dataclass
 class _Round:
-    role: str = "pending"  # pending | leader | follower
+    role: Role = Role.PENDING
     leader: str | None = None
     joiners: dict[str, int] = field(default_factory=dict)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
@@ -157,7 +181,7 @@ class Matchmaker:
                 1
                 for p, rec in self.alive_peers.items()
                 if not self.is_suspect(p)
-                and not (isinstance(rec, dict) and rec.get("status") == "coordinator")
+                and not (isinstance(rec, dict) and rec.get("status") == PeerStatus.COORDINATOR)
             )
             or 1
         )
@@ -180,9 +204,9 @@ class Matchmaker:
             announced = await self._announced(round_id)
             leader = min([me, *announced])
             if leader == me:
-                r.role, r.leader = "leader", me
+                r.role, r.leader = Role.LEADER, me
                 return await self._lead(round_id, r, start, deadline)
-            r.role, r.leader = "follower", leader
+            r.role, r.leader = Role.FOLLOWER, leader
             r.changed.set()  # waiting joiners see the new role and get redirected
             try:
                 answer, _ = await self.node.call(
@@ -202,17 +226,17 @@ class Matchmaker:
                 self.suspect(leader)
                 continue
             status = answer.get("status")
-            if status == "ok":
+            if status == JoinStatus.OK:
                 members = tuple((int(d), str(p)) for d, p in answer["members"])
                 return Group(round_id, members, str(answer.get("nonce", "")))
-            if status == "redirect":
+            if status == JoinStatus.REDIRECT:
                 await asyncio.sleep(0.02)
                 continue
-            if status == "state_mismatch":
+            if status == JoinStatus.STATE_MISMATCH:
                 raise StateMismatch(
                     leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
                 )
-            if status == "config_mismatch":  # that leader runs another config: never follow it
+            if status == JoinStatus.CONFIG_MISMATCH:  # that leader runs another config: never follow it
                 self.suspect(leader)
                 raise RoundFailed(
                     f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}"
@@ -239,7 +263,7 @@ class Matchmaker:
             if now - last_read > 0.1:
                 announced, last_read = await self._announced(round_id), now
                 if any(p < me for p in announced):  # a smaller peer showed up: it leads this round
-                    r.role, r.leader = "follower", min(announced)
+                    r.role, r.leader = Role.FOLLOWER, min(announced)
                     r.changed.set()  # waiting joiners see the new role and get redirected
                     if time.monotonic() >= deadline:
                         raise RoundFailed(f"round {round_id}: no group in time")
@@ -273,17 +297,17 @@ class Matchmaker:
         round_id = str(header["round"])
         device_index = int(header["device_index"])
         if header.get("version") != self.config_version:
-            return {"status": "config_mismatch", "version": self.config_version}, b""
+            return {"status": JoinStatus.CONFIG_MISMATCH.value, "version": self.config_version}, b""
         mine = self.state_hash()
         if mine is not None and header.get("state_hash") not in (None, mine):
-            return {"status": "state_mismatch"}, b""
+            return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if self.bans.is_banned(remote):
-            return {"status": "banned"}, b""
+            return {"status": JoinStatus.BANNED.value}, b""
         r = self._round(round_id)
         if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
-            return {"status": "closed"}, b""
-        if r.role == "follower" and r.leader is not None:
-            return {"status": "redirect", "leader": r.leader}, b""
+            return {"status": JoinStatus.CLOSED.value}, b""
+        if r.role == Role.FOLLOWER and r.leader is not None:
+            return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index
         r.changed.set()
         assert r.group is not None
@@ -298,15 +322,19 @@ class Matchmaker:
             done, _ = await asyncio.wait({r.group}, timeout=0.05)
             if done:
                 break
-            if r.role == "follower":  # this peer stepped down: send the joiner to the real leader
+            if r.role == Role.FOLLOWER:  # this peer stepped down: send the joiner to the real leader
                 r.joiners.pop(remote, None)
-                return {"status": "redirect", "leader": r.leader}, b""
+                return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
             if time.monotonic() > give_up:
                 r.joiners.pop(remote, None)
-                return {"status": "timeout"}, b""
+                return {"status": JoinStatus.TIMEOUT.value}, b""
         if r.group.exception() is not None:
-            return {"status": "failed"}, b""
+            return {"status": JoinStatus.FAILED.value}, b""
         group = r.group.result()
         if remote not in group.peers:
-            return {"status": "closed"}, b""
-        return {"status": "ok", "members": [[d, p] for d, p in group.members], "nonce": group.nonce}, b""
+            return {"status": JoinStatus.CLOSED.value}, b""
+        return {
+            "status": JoinStatus.OK.value,
+            "members": [[d, p] for d, p in group.members],
+            "nonce": group.nonce,
+        }, b""

@@ -7,6 +7,8 @@ unknown fields rejected). These models are separate from the pydantic v2 config 
 
 from __future__ import annotations
 
+from enum import StrEnum
+
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import RecordValidatorBase
@@ -14,6 +16,17 @@ from hivemind.utils.timed_storage import get_dht_time
 from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint
 
 RECORD_VERSION = 1
+
+
+class PeerStatus(StrEnum):
+    """The ``status`` of a peer's alive record (stored as its string value)."""
+
+    STARTING = "starting"
+    SYNCING = "syncing"  # learning who is alive, downloading the state
+    TRAINING = "training"
+    DONE = "done"  # reached its last step; still serving the state while it lingers
+    LEFT = "left"
+    COORDINATOR = "coordinator"  # the run's coordinator: names the run's config version, never trains
 
 
 class ProgressRecord(BaseModel):

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from collab.methods.base import MethodState
+from collab.swarm.records import PeerStatus
 from collab.swarm.transport import SwarmNode, TransportError
 
 STATE = "collab.state"
@@ -55,7 +56,11 @@ def alive_steps(alive: Mapping[str, object], *, exclude: str | None = None) -> l
     """``(step, peer)`` of the training peers in an alive view, most advanced first."""
     out = []
     for peer, rec in alive.items():
-        if peer == exclude or not isinstance(rec, dict) or rec.get("status") in ("coordinator", "left"):
+        if (
+            peer == exclude
+            or not isinstance(rec, dict)
+            or rec.get("status") in (PeerStatus.COORDINATOR, PeerStatus.LEFT)
+        ):
             continue
         step = rec.get("step")
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:

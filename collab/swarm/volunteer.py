@@ -29,6 +29,7 @@ from collab.methods.checkpoint import CheckpointError, encode_checkpoint, read_c
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.bans import BanEvent
 from collab.swarm.matchmaking import StateMismatch
+from collab.swarm.records import PeerStatus
 from collab.swarm.state_sync import STATE, StateRejected, StateSource, alive_steps, download_state
 from collab.swarm.transport import Header, SwarmNode
 from collab.tasks.base import Throttled
@@ -87,7 +88,7 @@ class Volunteer:
         self.aggregator.bans.on_ban = self._on_ban
         self.aggregator.matchmaker.state_hash = self._state_hash
         self.stop_event = threading.Event()
-        self.status = "starting"
+        self.status = PeerStatus.STARTING
         self.signer, self.device, self.client_mode = signer, device, client_mode
         self.checkpoint_path = Path(checkpoint_path) if checkpoint_path else None
         self.checkpoint_every = checkpoint_every  # steps between checkpoints (0: on exit only)
@@ -149,11 +150,11 @@ class Volunteer:
                 logger.debug("%s: heartbeat failed: %s", self.name, e)
             self._beat_stop.wait(cfg.heartbeat_interval_s)
 
-    def publish_alive(self, status: str | None = None) -> None:
+    def publish_alive(self, status: PeerStatus | None = None) -> None:
         value = {
             "step": self.step,
             "device": self.device_index,
-            "status": status or self.status,
+            "status": (status or self.status).value,
             "name": self.name,
         }
         expiration = get_dht_time() + self.cfg.swarm.heartbeat_ttl_s
@@ -228,11 +229,11 @@ class Volunteer:
         patience = give_up_after_s or 6 * (sw.matchmaking_timeout_s + sw.allreduce_timeout_s)
         last_progress = time.monotonic()
         target = max_steps if max_steps is not None else self.cfg.max_steps
-        self.status = "syncing"
+        self.status = PeerStatus.SYNCING
         self._wait_for_view()
         self.check_config_version()
         self.sync()
-        self.status = "training"
+        self.status = PeerStatus.TRAINING
         while self.step < target and not self.stop_event.is_set():
             try:
                 if self.method.state is None:
@@ -282,7 +283,7 @@ class Volunteer:
                 wire_sent=stats.wire_bytes_sent,
                 wire_received=stats.wire_bytes_received,
             )
-        self.status = "done"
+        self.status = PeerStatus.DONE
         return self.step
 
     def check_config_version(self) -> None:
@@ -297,8 +298,8 @@ class Volunteer:
             for p, rec in self.aggregator.matchmaker.alive_peers.items()
             if p != me and isinstance(rec, dict) and isinstance(rec.get("version"), str)
         }
-        coordinator = [v for v, status in versions.values() if status == "coordinator"]
-        others = [v for v, status in versions.values() if status != "coordinator"]
+        coordinator = [v for v, status in versions.values() if status == PeerStatus.COORDINATOR]
+        others = [v for v, status in versions.values() if status != PeerStatus.COORDINATOR]
         if coordinator:
             swarm_version = coordinator[0]
             wrong = swarm_version != mine
@@ -397,7 +398,7 @@ class Volunteer:
     def _refresh_view(self) -> None:
         alive = self.node.run(self.node.dht_get_dict(self._alive_key), timeout_s=10.0)
         self.aggregator.matchmaker.alive_peers = {
-            p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != "left"
+            p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != PeerStatus.LEFT
         }
 
     def close(self, linger_s: float = 0.0) -> None:
@@ -408,7 +409,7 @@ class Volunteer:
         self._beat_stop.set()
         self._beat.join(timeout=5.0)
         try:
-            self.publish_alive(status="left")
+            self.publish_alive(status=PeerStatus.LEFT)
         except Exception as e:  # leaving anyway
             logger.debug("%s: could not publish departure: %s", self.name, e)
         if self._log is not None:
@@ -430,7 +431,7 @@ class CoordinatorBeacon:
         value = {
             "step": -1,
             "device": -1,
-            "status": "coordinator",
+            "status": PeerStatus.COORDINATOR.value,
             "name": "coordinator",
             "version": self.cfg.version(),
         }
