@@ -2,7 +2,7 @@
 
 Usage::
 
-    python bench/uneven.py [--steps 30] [--round-time 2.0] [--throttle 0.2] [--json]
+    python bench/uneven.py [--steps 30] [--round-time 4.0] [--throttle 0.2] [--json]
 
 The problem: the text-to-image transformer of ``configs/text2image.yaml`` made smaller (2 layers, hidden
 64), 16 scenes per microbatch, 4 shards. Three phases, one after the other, on the same machine:
@@ -54,7 +54,7 @@ def config(args: argparse.Namespace) -> dict[str, Any]:
     data["task"].update(layers=2, hidden=64, heads=4, batch_size=BATCH, train_scenes=4000)
     data["method"]["optimizer"]["schedule"]["warmup_steps"] = min(10, args.steps // 3)
     data["swarm"].update(
-        min_group_size=2,
+        min_group_size=PEERS,  # every round waits for all 4: the budget keeps the slow one from stalling it
         min_matchmaking_time_s=0.3,
         matchmaking_timeout_s=10.0,
         allreduce_timeout_s=10.0,
@@ -267,7 +267,7 @@ def run_hivemind(args: argparse.Namespace, work: Path, target: int) -> dict[str,
 def parse() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
     p.add_argument("--steps", type=int, default=30, help="steps (collab) and epochs (hivemind)")
-    p.add_argument("--round-time", type=float, default=2.0, help="collab's swarm.round_time_s")
+    p.add_argument("--round-time", type=float, default=4.0, help="collab's swarm.round_time_s")
     p.add_argument("--throttle", type=float, default=0.2, help="the slow volunteer's share of its CPU")
     p.add_argument("--solo-s", type=float, default=20.0, help="seconds of the solo-rate phase")
     p.add_argument("--case-timeout", type=float, default=900.0)

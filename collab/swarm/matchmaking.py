@@ -273,7 +273,10 @@ class Matchmaker:
             # retry of the round until the deadline (and lose the joiners whose own deadlines come first).
             all_announced_joined = {p for p in announced if not self._gone(p)} <= set(r.joiners)
             everyone_here = all_announced_joined and size >= max(self._live_count(), self.cfg.min_group_size)
-            settled = now - start >= self.cfg.min_matchmaking_time_s and all_announced_joined
+            # too few for a round yet: a member finishing its last microbatch may still come, so wait
+            # (up to the deadline) rather than fail a round that a retry would then have to redo
+            enough = size >= self.cfg.min_group_size
+            settled = now - start >= self.cfg.min_matchmaking_time_s and all_announced_joined and enough
             if (target is not None and size >= target) or everyone_here or settled or now >= deadline:
                 break
             r.changed.clear()
