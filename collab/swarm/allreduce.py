@@ -257,7 +257,7 @@ class ExactReducer:
             raise RoundFailed(f"parts missing: got {have}") from None
 
     async def reduce(
-        self, group: Group, message: CompressedMessage, weight: float, layout: Layout | None = None
+        self, group: Group, message: CompressedMessage, weight: float, layout: Layout | str | None = None
     ) -> CompressedMessage:
         """This member's side of the round: returns the group's weighted average (identical everywhere).
 
@@ -267,7 +267,7 @@ class ExactReducer:
             raise RoundFailed(f"round {group.round_id}: the leader's member list leaves this peer out")
         me = group.index_of(self.node.peer_key)
         n = len(group)
-        layout = layout or layout_of(message)
+        layout = Layout(layout) if layout is not None else layout_of(message)
         parts = split(message, n, layout)
         header: Header = {
             "group_id": group.group_id,

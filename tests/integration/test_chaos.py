@@ -98,7 +98,8 @@ def check_history(peer: Peer, hashes: dict[int, dict[str, set[int]]]) -> None:
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(180)
+# a hang guard only: every wait inside is derived from the peers' progress (2-5 steps/s on 2 cores)
+@pytest.mark.timeout(420)
 def test_chaos_kill_and_restart(swarm: Swarm) -> None:
     path = swarm.write_config(CONFIG)
     rng = random.Random(SEED)
