@@ -247,6 +247,12 @@ class SwarmConfig(_Section):
         "contribute more and slow ones still take part (null: one microbatch per member, as collab "
         "simulate computes)",
     )
+    target_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="samples a round gathers across its group: members compute until the group's published "
+        "rates say it has this many, at most round_time_s (null: each member computes for round_time_s)",
+    )
     ban_duration_s: float = Field(
         600.0, gt=0, description="how long a peer that sent an invalid contribution is excluded from rounds"
     )
@@ -260,6 +266,8 @@ class SwarmConfig(_Section):
             raise ValueError("min_matchmaking_time_s must be smaller than matchmaking_timeout_s")
         if self.heartbeat_interval_s >= self.heartbeat_ttl_s:
             raise ValueError("heartbeat_interval_s must be smaller than heartbeat_ttl_s")
+        if self.target_batch_size is not None and self.round_time_s is None:
+            raise ValueError("target_batch_size needs round_time_s (the longest a round stays open)")
         return self
 
 

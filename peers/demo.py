@@ -25,6 +25,7 @@ from typing import Any
 import yaml
 
 from collab.config import ConfigError, with_overrides
+from collab.swarm.timing import Timing
 from peers.common import EXIT_BAD_INPUT, load_config_or_exit, task_problem
 
 # The repository's configs/ (an editable install); elsewhere (e.g. the Docker image) ./configs.
@@ -183,7 +184,7 @@ def run(args: argparse.Namespace) -> int:
                     start_new_session=True,
                 )
             )
-        stall_s = STARTUP_S + 10 * (cfg.swarm.matchmaking_timeout_s + cfg.swarm.allreduce_timeout_s)
+        stall_s = STARTUP_S + Timing.of(cfg.swarm).stall_s
         summaries = _wait(procs, work, cfg.max_steps, args.timeout, stall_s)
         kept = _wait_for_keeper(work / "model", cfg.max_steps, stall_s)
     except (RuntimeError, KeyboardInterrupt) as e:

@@ -119,27 +119,26 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
     if cfg.task.name != "text2image":
         raise GenerateError(f"--coordinator: run {cfg.run_id} trains task {cfg.task.name}, not text2image")
     from collab.swarm.state_sync import StateRejected, StateSource, alive_steps, download_state
+    from collab.swarm.timing import Timing
 
     task, method = follower_method(cfg)
     try:
         node = connect(args, cfg, peers, "generate")
     except KeeperError as e:
         raise GenerateError(str(e)) from None
-    source = StateSource(
-        config_version=cfg.version(), method=method.name, timeout_s=cfg.swarm.state_sync_timeout_s
-    )
+    source = StateSource(config_version=cfg.version(), method=method.name, timing=Timing.of(cfg.swarm))
     problems: list[str] = []
     try:
         # peers publish their alive records every heartbeat: a few heartbeats tell who is there
         for _ in range(max(3, int(3 * cfg.swarm.heartbeat_ttl_s / cfg.swarm.heartbeat_interval_s))):
             try:
-                alive = node.get_dict(f"{cfg.run_id}_alive", timeout_s=10.0)
+                alive = node.get_dict(f"{cfg.run_id}_alive", timeout_s=source.timing.dht_s)
             except Exception as e:  # hivemind reports a slow DHT in several ways: look again
                 problems.append(f"the DHT did not answer: {e}")
                 alive = {}
             for _step, peer in alive_steps(alive):
                 try:
-                    state = download_state(node, peer, source)
+                    state = download_state(node, peer, source).state
                     method.adopt_state(state)
                 except (StateRejected, ValueError) as e:
                     problems.append(f"{peer[-6:]}: {e}")

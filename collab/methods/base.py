@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import hashlib
 import json
+import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -78,6 +79,10 @@ class Aggregator(ABC):
     """
 
     stats: CommStats
+    # Id of the group the local devices' last contribution was handed to (set before it can fail, None
+    # when nothing was sent, always None in simulation). A member whose round failed locally after its
+    # contribution left can later learn that the group committed with it (Method.adopt_state's ``used``).
+    last_attempt: str | None = None
 
     @property
     @abstractmethod
@@ -107,12 +112,19 @@ class MicrobatchPlan(Protocol):
 
     def more(self, done: int, elapsed_s: float) -> bool: ...
 
+    @property
+    def deadline_s(self) -> float | None:
+        """Seconds after which a device that has not finished its first microbatch tags along with
+        weight 0 (None: it always finishes one)."""
+        ...
+
 
 @dataclass(frozen=True)
 class FixedMicrobatches:
     """Exactly ``count`` microbatches (the default, 1: what ``collab simulate`` computes)."""
 
     count: int = 1
+    deadline_s: float | None = None
 
     def more(self, done: int, elapsed_s: float) -> bool:
         return done < self.count
@@ -121,12 +133,51 @@ class FixedMicrobatches:
 @dataclass(frozen=True)
 class TimeBudget:
     """As many microbatches as fit in ``seconds`` of this device's time, judged by the mean time of the
-    ones done so far (at least one: a device slower than the budget contributes one, late)."""
+    ones done so far (at least one: a device slower than the budget contributes one, late - or, past
+    ``deadline_s``, none: it tags along with weight 0)."""
 
     seconds: float
+    deadline_s: float | None = None  # tag along past this (None: a slow device contributes one, late)
 
     def more(self, done: int, elapsed_s: float) -> bool:
         return done == 0 or elapsed_s * (done + 1) / done <= self.seconds
+
+
+class _Evaluation:
+    """Runs a device's first microbatch of a round with a time limit.
+
+    The evaluation runs on a helper thread; past the limit the caller goes on without it and the thread
+    is left to finish (an operator cannot be interrupted mid-way). A device evaluates one thing at a time
+    (operators hold buffers and gradients), so the next evaluation first waits for a dropped one, within
+    its own time limit."""
+
+    def __init__(self) -> None:
+        self._dropped: threading.Thread | None = None
+
+    def run(self, fn: Callable[[], list[torch.Tensor]], *, timeout_s: float) -> list[torch.Tensor] | None:
+        start = time.monotonic()
+        if self._dropped is not None:
+            self._dropped.join(max(0.0, timeout_s))
+            if self._dropped.is_alive():
+                return None
+            self._dropped = None
+        box: dict[str, object] = {}
+
+        def target() -> None:
+            try:
+                box["out"] = fn()
+            except BaseException as e:  # handed to the caller below when it waited for the result
+                box["error"] = e
+
+        thread = threading.Thread(target=target, name="collab-evaluate", daemon=True)
+        thread.start()
+        thread.join(max(0.0, timeout_s - (time.monotonic() - start)))
+        if thread.is_alive():
+            self._dropped = thread
+            return None
+        if "error" in box:
+            raise box["error"]  # type: ignore[misc]
+        return box["out"]  # type: ignore[return-value]
 
 
 @dataclass
@@ -274,8 +325,30 @@ class Method(ABC):
         self.state: MethodState | None = None
         # local, never replicated: how much each device computes per round, and what it last contributed
         self.microbatches: MicrobatchPlan = FixedMicrobatches(1)
+        self._evaluation = _Evaluation()
         self.last_samples = 0.0  # samples behind the local devices' messages of the last step
         self._step_samples = 0.0
+        self.last_compute_s = 0.0  # seconds the local devices spent on those samples
+        self._step_compute_s = 0.0
+        # device buffers (MASHA2's error feedback) computed for contributions that were sent in rounds
+        # that then failed here, by group id: if the group committed with them, they are the buffers
+        self._pending: dict[str, list[torch.Tensor | None]] = {}
+
+    PENDING_LIMIT = 8  # attempts at one step whose buffers are kept
+
+    def _sent(self, errors: list[torch.Tensor | None]) -> None:
+        """Remember the device buffers that go with the contribution just handed to the aggregator."""
+        token = self.aggregator.last_attempt
+        if token is None or not self.error_feedback:
+            return
+        self._pending[token] = errors
+        while len(self._pending) > self.PENDING_LIMIT:
+            self._pending.pop(next(iter(self._pending)))
+
+    @property
+    def pending_rounds(self) -> list[str]:
+        """Groups this peer's contributions went to in rounds that failed here (newest last)."""
+        return list(self._pending)
 
     def _evaluate(
         self,
@@ -288,17 +361,34 @@ class Method(ABC):
     ) -> tuple[list[torch.Tensor], float, int]:
         """``worker``'s operator at ``points``, averaged over the microbatches its plan allows (or exactly
         ``count``, to repeat an earlier evaluation's sample set): the means, their weight (samples) and
-        the count. One microbatch gives the operator's own tensors, bit for bit."""
+        the count. One microbatch gives the operator's own tensors, bit for bit.
+
+        With a plan that has a deadline, a device that cannot finish even one microbatch in time takes
+        part with weight 0 (zeros, count 0): it tags along, applies the group's aggregate and stays in
+        sync; the evaluation it began is dropped when it ends (:class:`_Evaluation`)."""
         start = time.monotonic()
         sums: list[torch.Tensor] = []
         done = 0
+        deadline = self.microbatches.deadline_s if count is None else None
         while (done < count) if count is not None else self.microbatches.more(done, time.monotonic() - start):
-            out = worker.operator.evaluate(points, step=step, full=full, microbatch=done)
+            if done == 0 and deadline is not None:
+                first = self._evaluation.run(
+                    lambda: worker.operator.evaluate(points, step=step, full=full, microbatch=0),
+                    timeout_s=deadline - (time.monotonic() - start),
+                )
+                if first is None:  # too slow for this round: tag along
+                    return [torch.zeros_like(p) for p in points], 0.0, 0
+                out = first
+            else:
+                out = worker.operator.evaluate(points, step=step, full=full, microbatch=done)
             sums = out if done == 0 else [a + b for a, b in zip(sums, out, strict=True)]
             done += 1
+        if done == 0:  # repeating a tag-along's (empty) sample set
+            return [torch.zeros_like(p) for p in points], 0.0, 0
         means = sums if done == 1 else [t / done for t in sums]
         if not full:
             self._step_samples += worker.operator.weight * done
+            self._step_compute_s += time.monotonic() - start
         return means, worker.operator.weight * done, done
 
     @property
@@ -315,10 +405,12 @@ class Method(ABC):
             self.initialize()
         assert self.state is not None
         before_up, before_down = self.aggregator.stats.bits_up, self.aggregator.stats.bits_down
-        self._step_samples = 0.0
+        self._step_samples = self._step_compute_s = 0.0
         new_state, new_errors, refreshed = self._step(self.state)
         self.state = new_state
+        self._pending.clear()
         self.last_samples = self._step_samples
+        self.last_compute_s = self._step_compute_s
         for worker, err in zip(self.workers, new_errors, strict=True):
             worker.error = err
         return StepReport(
@@ -329,8 +421,15 @@ class Method(ABC):
             refreshed=refreshed,
         )
 
-    def adopt_state(self, state: MethodState) -> None:
-        """Take over a replicated state downloaded from a peer; local device buffers start fresh."""
+    def adopt_state(self, state: MethodState, *, used: Collection[str] = ()) -> None:
+        """Take over a replicated state downloaded from a peer (or a checkpoint).
+
+        Local device buffers (MASHA2's error feedback) are this device's unsent residual, not part of the
+        replicated state: they are kept (zero on a fresh device). If ``used`` names a group whose round
+        failed here after this device's contribution left, and that group committed with it (the state's
+        source says so), the buffers computed for that contribution are taken: the device then holds
+        exactly what it would hold had the round not failed here.
+        """
         if state.z.numel() != self.dim:
             raise ValueError(f"state has {state.z.numel()} coordinates, this method {self.dim}")
         expected = set(self.optimizer.init_moments(0))
@@ -342,8 +441,15 @@ class Method(ABC):
         if any(t.numel() != self.dim for t in state.extra.values()):
             raise ValueError("state's optimizer tensors do not match the parameter count")
         self.state = state.clone()
-        for worker in self.workers:
-            worker.error = torch.zeros(self.dim) if self.error_feedback else None
+        committed = next((self._pending[t] for t in used if t in self._pending), None)
+        self._pending.clear()
+        for i, worker in enumerate(self.workers):
+            if not self.error_feedback:
+                worker.error = None
+            elif committed is not None:
+                worker.error = committed[i]
+            elif worker.error is None or worker.error.numel() != self.dim:
+                worker.error = torch.zeros(self.dim)
 
     @property
     def z(self) -> torch.Tensor:

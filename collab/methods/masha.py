@@ -107,7 +107,10 @@ class _Masha(Method):
         for worker in self.workers:
             (f_half, f_w), weight, _ = self._evaluate(worker, [z_half, state.w], step=k)
             delta = f_half - f_w
-            if self.error_feedback:
+            if weight == 0:  # tagging along: an empty message, the residual stays for later rounds
+                msg = worker.compressor.compress(torch.zeros_like(delta), seed=self._seed_of(worker), step=k)
+                new_errors.append(worker.error)
+            elif self.error_feedback:
                 assert worker.error is not None
                 target = worker.error + delta
                 msg = worker.compressor.compress(target, seed=self._seed_of(worker), step=k)
@@ -124,7 +127,10 @@ class _Masha(Method):
             server_out["error"] = err
             return g_msg
 
-        g = self.aggregator.reduce(RoundKey(k, "delta"), contributions, server).decompress()
+        try:
+            g = self.aggregator.reduce(RoundKey(k, "delta"), contributions, server).decompress()
+        finally:
+            self._sent(new_errors)  # the buffers that go with what was sent, should this step fail here
         moved, moments = plan.update(state.fw + g)
         z_next = self.project(moved)
 

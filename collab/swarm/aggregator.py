@@ -9,18 +9,22 @@ state untouched and the step is redone.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
 
 from collab.compression import CompressedMessage, MessageKind
 from collab.compression.partition import Layout
 from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
 from collab.swarm.allreduce import ExactReducer, PeerUnreachable
-from collab.swarm.bans import Bans
+from collab.swarm.bans import BanEvent, Bans
 from collab.swarm.matchmaking import Group, Matchmaker
+from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 
 logger = logging.getLogger(__name__)
+
+COMMITTED_HISTORY = 256  # committed groups remembered (a few minutes of rounds)
 
 
 class SwarmAggregator(Aggregator):
@@ -36,10 +40,13 @@ class SwarmAggregator(Aggregator):
         shared_seed: int,
         config_version: str = "",
         bans: Bans | None = None,
+        state_hash: Callable[[], str | None] = lambda: None,
+        on_ban: Callable[[BanEvent], None] | None = None,
     ) -> None:
         self.node, self.cfg, self.shared_seed = node, cfg, shared_seed
+        self.timing = Timing.of(cfg)
         self.stats = CommStats()
-        self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
+        self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key, on_ban=on_ban)
         self.matchmaker = Matchmaker(
             node=node,
             run_id=run_id,
@@ -47,10 +54,15 @@ class SwarmAggregator(Aggregator):
             device_index=device_index,
             config_version=config_version,
             bans=self.bans,
+            state_hash=state_hash,
         )
         self.reducer = ExactReducer(node=node, cfg=cfg, bans=self.bans)
         self._last_group: Group | None = None
         self._prepared: tuple[str, Group] | None = None  # (round id, group) formed before computing
+        self.last_attempt: str | None = None
+        # committed groups of this peer's lineage, newest last: group id -> members whose contributions
+        # the aggregate holds (a member whose round failed locally asks, when it syncs, whether it was one)
+        self.committed: OrderedDict[str, frozenset[str]] = OrderedDict()
 
     @property
     def num_local(self) -> int:
@@ -64,6 +76,15 @@ class SwarmAggregator(Aggregator):
     def last_group(self) -> Group | None:
         return self._last_group
 
+    def prepared_members(self) -> list[str]:
+        """The members of the group formed for the round being computed (empty if none was)."""
+        return self._prepared[1].peers if self._prepared is not None else []
+
+    def contributed(self, group_id: str, peer: str) -> bool:
+        """Whether this peer's lineage holds a committed round of group ``group_id`` with ``peer``'s
+        contribution in it."""
+        return peer in self.committed.get(group_id, frozenset())
+
     def _layout(self, msg: CompressedMessage) -> Layout:
         if msg.kind == MessageKind.DENSE:
             return Layout.DENSE
@@ -75,10 +96,14 @@ class SwarmAggregator(Aggregator):
     def _form_group(self, round_id: str) -> Group:
         try:
             return self.node.run(
-                self.matchmaker.form_group(round_id), timeout_s=self.cfg.matchmaking_timeout_s + 5.0
+                self.matchmaker.form_group(round_id), timeout_s=self.timing.matchmaking_wait_s
             )
         except TimeoutError:
+            self.matchmaker.committed([])  # the next round looks for its group the usual way
             raise RoundFailed(f"round {round_id}: matchmaking timed out") from None
+        except BaseException:
+            self.matchmaker.committed([])
+            raise
 
     def prepare(self, key: RoundKey) -> None:
         """With a round budget (``round_time_s``), form the group before computing: members then compute
@@ -107,20 +132,26 @@ class SwarmAggregator(Aggregator):
         round_id = f"{key.step}.{key.phase}"
         sent0, recv0 = self.node.bytes_sent, self.node.bytes_received
         prepared, self._prepared = self._prepared, None
+        self.last_attempt = None
         try:
             group = prepared[1] if prepared and prepared[0] == round_id else self._form_group(round_id)
+            self.last_attempt = group.group_id  # from here on our contribution may reach the owners
             mean = self.node.run(
                 self.reducer.reduce(group, c.message, c.weight, self._layout(c.message)),
-                timeout_s=self.cfg.allreduce_timeout_s + 8.0,
+                timeout_s=self.timing.reduce_wait_s,
             )
         except PeerUnreachable as e:
             self.matchmaker.suspect(e.peer)
+            self.matchmaker.committed([])  # the next round looks for its group the usual way
             raise
         except TimeoutError:
+            self.matchmaker.committed([])
             raise RoundFailed(f"round {round_id} timed out") from None
         except RoundFailed:
+            self.matchmaker.committed([])
             raise
         except Exception as e:  # hostile or broken peers' answers must not kill this peer: skip the round
+            self.matchmaker.committed([])
             logger.warning("round %s failed unexpectedly: %s: %s", round_id, type(e).__name__, e)
             raise RoundFailed(f"round {round_id}: {type(e).__name__}: {e}") from None
         finally:
@@ -131,5 +162,10 @@ class SwarmAggregator(Aggregator):
         self.stats.bits_down += out.bits
         self.stats.rounds += 1
         self._last_group = group
+        excluded = self.reducer.last_excluded
+        self.committed[group.group_id] = frozenset(p for p in group.peers if p not in excluded)
+        self.matchmaker.committed([p for p in group.peers if p not in excluded])
+        while len(self.committed) > COMMITTED_HISTORY:
+            self.committed.popitem(last=False)
         logger.debug("%s round %s: group of %d", self.node.peer_key[-6:], round_id, len(group))
         return out

@@ -43,12 +43,12 @@ from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
+from collab.swarm.timing import Timing
 from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
 
 PART = "collab.part"
-CALL_MARGIN_S = 2.0
 UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer has not formed (yet)
 
 # Fault injection for tests (torchft-style ``fail_at(peer, step)``): with COLLAB_FAIL_AT=ROUND (e.g.
@@ -119,6 +119,7 @@ class ExactReducer:
 
     def __init__(self, *, node: SwarmNode, cfg: SwarmConfig, bans: Bans | None = None) -> None:
         self.node, self.cfg = node, cfg
+        self.timing = Timing.of(cfg)
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self._slots: dict[tuple[str, int], _Slot] = {}
         self.last_excluded: dict[str, str] = {}  # peer -> reason, for the latest completed round
@@ -131,7 +132,7 @@ class ExactReducer:
         if slot is None:
             slot = self._slots[key] = _Slot()
             slot.result = asyncio.get_running_loop().create_future()
-            horizon = time.monotonic() - 4 * self.cfg.allreduce_timeout_s
+            horizon = time.monotonic() - self.timing.slot_horizon_s
             for old in [k for k, s in self._slots.items() if s.created < horizon]:
                 self._slots.pop(old, None)
         return slot
@@ -189,7 +190,7 @@ class ExactReducer:
             weight = float(header["weight"])
         except (KeyError, TypeError, ValueError, IndexError, OverflowError):
             raise ValueError("part does not match the round's layout") from None
-        if not (math.isfinite(weight) and weight > 0):
+        if not (math.isfinite(weight) and weight >= 0):  # 0: a member tagging along (no samples)
             raise ValueError(f"invalid weight {weight!r}")
         limit = max_part_bytes(slot.params.entries(slot.me))
         if len(payload) > limit:
@@ -226,17 +227,23 @@ class ExactReducer:
                 excluded[i] = str(e)
             except Exception as e:  # anything else a hostile part provokes is still its sender's fault
                 excluded[i] = f"invalid part ({type(e).__name__})"
+        # members tagging along (weight 0: too slow for this round) add nothing and are not compared
+        counted = {i: (m, w) for i, (m, w) in valid.items() if w > 0}
         ratio = self.cfg.max_norm_ratio
-        for i, why in outliers({i: norm_of(m) for i, (m, _) in valid.items()}, ratio, trusted=me).items():
+        for i, why in outliers({i: norm_of(m) for i, (m, _) in counted.items()}, ratio, trusted=me).items():
             excluded[i] = f"norm {why}"
         weight_ratio = self.cfg.max_weight_ratio  # honest members of uneven speed differ in samples
-        for i, why in outliers({i: w for i, (_, w) in valid.items()}, weight_ratio, trusted=me).items():
+        for i, why in outliers({i: w for i, (_, w) in counted.items()}, weight_ratio, trusted=me).items():
             excluded.setdefault(i, f"weight {why}")
         for i, why in excluded.items():
-            valid.pop(i, None)
+            counted.pop(i, None)
             if why != "banned":
                 self.bans.ban(slot.group.peers[i], why, slot.group.round_id)
-        ordered = [valid[i] for i in sorted(valid)]
+        ordered = [counted[i] for i in sorted(counted)]
+        if not ordered:  # every member tagged along: nothing to average (the same verdict everywhere)
+            slot.result.set_exception(RoundFailed("no member had samples in this round"))
+            slot.result.exception()  # retrieved: awaited by the member and the senders
+            return
         slot.total_weight = sum(w for _, w in ordered)
         mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
         slot.result.set_result((mean.to_bytes(), excluded))
@@ -244,7 +251,7 @@ class ExactReducer:
     async def _await_result(self, slot: _Slot) -> tuple[bytes, dict[int, str]]:
         assert slot.result is not None
         try:
-            return await asyncio.wait_for(asyncio.shield(slot.result), self.cfg.allreduce_timeout_s)
+            return await asyncio.wait_for(asyncio.shield(slot.result), self.timing.allreduce_s)
         except TimeoutError:
             if slot.result.done() and slot.result.exception() is None:  # completed as the wait ran out
                 return slot.result.result()
@@ -300,7 +307,7 @@ class ExactReducer:
                     {**header, "part": j},
                     parts[j].to_bytes(),
                     # the owner waits up to allreduce_timeout_s once our part is in: allow for the upload
-                    timeout_s=self.cfg.allreduce_timeout_s + CALL_MARGIN_S,
+                    timeout_s=self.timing.part_call_s,
                 )
             except RemoteError as e:  # the owner answered: it is alive, the round failed elsewhere
                 raise RoundFailed(f"part {j}: {e}") from None

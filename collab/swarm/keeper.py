@@ -27,6 +27,7 @@ from collab.config import RunConfig
 from collab.methods.base import Method, MethodState
 from collab.methods.checkpoint import encode_checkpoint, write_checkpoint
 from collab.swarm.state_sync import StateRejected, StateSource, alive_steps, download_state
+from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,7 @@ class ModelKeeper:
         self.folder.mkdir(parents=True, exist_ok=True)
         self.every, self.keep_last, self.on_state = every, keep_last, on_state
         self.source = StateSource(
-            config_version=cfg.version(), method=method.name, timeout_s=cfg.swarm.state_sync_timeout_s
+            config_version=cfg.version(), method=method.name, timing=Timing.of(cfg.swarm)
         )
         existing = kept_steps(self.folder)
         self.last_kept = existing[-1] if existing else -1  # a restarted keeper goes on where it stopped
@@ -88,7 +89,7 @@ class ModelKeeper:
         """Look at the run once; download, check and keep a state if one is due. The kept state or
         ``None``."""
         try:
-            alive = self.node.get_dict(f"{self.cfg.run_id}_alive", timeout_s=10.0)
+            alive = self.node.get_dict(f"{self.cfg.run_id}_alive", timeout_s=self.source.timing.dht_s)
         except Exception as e:  # hivemind reports a slow or unreachable DHT in several ways: look again
             logger.warning("keeper: cannot read the run's alive records: %s", e)
             return None
@@ -99,11 +100,11 @@ class ModelKeeper:
             if self._suspects.get(peer, 0.0) > now:
                 continue
             try:
-                state = download_state(self.node, peer, self.source)
+                state = download_state(self.node, peer, self.source).state
                 self.method.adopt_state(state)  # checks shapes and optimizer tensors
             except (StateRejected, ValueError) as e:
                 logger.warning("keeper: not taking the state of %s: %s", peer[-6:], e)
-                self._suspects[peer] = now + 10 * self.cfg.swarm.heartbeat_ttl_s
+                self._suspects[peer] = now + self.source.timing.suspect_s
                 continue
             if not self.due(state.step):  # it moved on or fell back since its alive record
                 return None

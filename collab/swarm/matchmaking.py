@@ -13,6 +13,12 @@ Protocol (one round):
    every member sums contributions. A joiner says how long it waits (``wait_s``); the leader answers
    ``timeout`` before that rather than list a member that has given up.
 
+**Steady state.** When the peers alive are exactly the members of the last group this peer committed
+with, the round skips the DHT on its critical path: the announcement is stored in the background (a
+newcomer still finds the round), the last group's smallest key leads without reading announcements, and
+every other member calls it at once. Anything unusual - the leader unreachable or redirecting, a peer
+joined or left the alive view - falls back to the protocol above for that round.
+
 A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
 gets ``closed`` and its round fails (it is late and will resynchronize). A group below
 ``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped; banned
@@ -38,6 +44,7 @@ from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.records import PeerStatus
+from collab.swarm.timing import Timing
 from collab.swarm.transport import Header, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
@@ -124,17 +131,20 @@ class Matchmaker:
         device_index: int,
         config_version: str = "",
         bans: Bans | None = None,
+        state_hash: Callable[[], str | None] = lambda: None,
     ) -> None:
         self.node, self.run_id, self.cfg, self.device_index = node, run_id, cfg, device_index
+        self.timing = Timing.of(cfg)
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self.config_version = config_version
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
         self._seen_alive: set[str] = set()
-        # The hash of the committed state this peer enters rounds with (set by the volunteer): a leader
-        # refuses joiners whose state differs, so two diverged states never average together.
-        self.state_hash: Callable[[], str | None] = lambda: None
+        # The hash of the committed state this peer enters rounds with: a leader refuses joiners whose
+        # state differs, so two diverged states never average together.
+        self.state_hash = state_hash
         self.alive_peers: dict[str, dict[str, object]] = {}  # refreshed by the heartbeat
+        self._last_group: frozenset[str] = frozenset()  # members of the last group committed with
         node.serve(JOIN, self._handle_join)
 
     # ---- bookkeeping --------------------------------------------------------------------------------
@@ -153,7 +163,7 @@ class Matchmaker:
         if r is None:
             r = self._rounds[round_id] = _Round()
             r.group = asyncio.get_running_loop().create_future()
-            horizon = time.monotonic() - 4 * self.cfg.matchmaking_timeout_s
+            horizon = time.monotonic() - self.timing.matchmaking_horizon_s
             for old in [k for k, v in self._rounds.items() if v.created < horizon]:
                 self._rounds.pop(old, None)
         return r
@@ -174,29 +184,54 @@ class Matchmaker:
     def _key(self, round_id: str) -> str:
         return f"{self.run_id}_round_{round_id}"
 
-    def _live_count(self) -> int:
+    def _expected(self) -> set[str]:
         """Peers expected in rounds: alive trainers (not the coordinator), not suspected."""
-        return (
-            sum(
-                1
-                for p, rec in self.alive_peers.items()
-                if not self.is_suspect(p)
-                and not (isinstance(rec, dict) and rec.get("status") == PeerStatus.COORDINATOR)
-            )
-            or 1
-        )
+        return {
+            p
+            for p, rec in self.alive_peers.items()
+            if not self.is_suspect(p)
+            and not (isinstance(rec, dict) and rec.get("status") == PeerStatus.COORDINATOR)
+        }
+
+    def _live_count(self) -> int:
+        return len(self._expected()) or 1
+
+    def committed(self, members: list[str]) -> None:
+        """The group of ``members`` committed a round: the next may take the steady-state path."""
+        self._last_group = frozenset(members)
+
+    def _steady_leader(self) -> str | None:
+        """The leader of the steady-state path, when it applies (see the module docstring)."""
+        group = self._last_group
+        if len(group) < max(2, self.cfg.min_group_size) or self.node.peer_key not in group:
+            return None
+        if self._expected() | {self.node.peer_key} != group:
+            return None
+        return min(group)
 
     # ---- the joiner's side --------------------------------------------------------------------------
     async def form_group(self, round_id: str) -> Group:
         me = self.node.peer_key
         start = time.monotonic()
-        deadline = start + self.cfg.matchmaking_timeout_s
+        deadline = start + self.timing.matchmaking_s
         r = self._round(round_id)
         if r.closed:  # we are retrying this round: a new group, a new leader state
             self._rounds.pop(round_id, None)
             r = self._round(round_id)
-        expiration = get_dht_time() + 2 * self.cfg.matchmaking_timeout_s
-        await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
+        expiration = get_dht_time() + self.timing.announce_ttl_s
+        steady = self._steady_leader()
+        if steady is not None:
+            self.node.spawn(self.node.dht_store(self._key(round_id), me, self.device_index, expiration))
+            if steady == me:
+                r.role, r.leader = Role.LEADER, me
+                return await self._lead(round_id, r, start, deadline, read_announced=False)
+            r.role, r.leader = Role.FOLLOWER, steady
+            group = await self._ask(steady, round_id, deadline)
+            if group is not None:
+                return group
+            r.role, r.leader = Role.PENDING, None  # the usual path for this round
+        else:
+            await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
         await asyncio.sleep(
             min(0.02, self.cfg.min_matchmaking_time_s / 4)
         )  # let peers of this round announce
@@ -208,41 +243,47 @@ class Matchmaker:
                 return await self._lead(round_id, r, start, deadline)
             r.role, r.leader = Role.FOLLOWER, leader
             r.changed.set()  # waiting joiners see the new role and get redirected
-            try:
-                answer, _ = await self.node.call(
-                    leader,
-                    JOIN,
-                    {
-                        "round": round_id,
-                        "device_index": self.device_index,
-                        "version": self.config_version,
-                        "state_hash": self.state_hash(),
-                        "wait_s": round(deadline - time.monotonic(), 3),
-                    },
-                    timeout_s=max(0.1, deadline - time.monotonic()),
-                )
-            except TransportError as e:
-                logger.info("%s round %s: leader %s unreachable (%s)", me[-6:], round_id, leader[-6:], e)
-                self.suspect(leader)
-                continue
-            status = answer.get("status")
-            if status == JoinStatus.OK:
-                members = tuple((int(d), str(p)) for d, p in answer["members"])
-                return Group(round_id, members, str(answer.get("nonce", "")))
-            if status == JoinStatus.REDIRECT:
-                await asyncio.sleep(0.02)
-                continue
-            if status == JoinStatus.STATE_MISMATCH:
-                raise StateMismatch(
-                    leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
-                )
-            if status == JoinStatus.CONFIG_MISMATCH:  # that leader runs another config: never follow it
-                self.suspect(leader)
-                raise RoundFailed(
-                    f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}"
-                )
-            raise RoundFailed(f"round {round_id}: leader {leader[-6:]} answered {status!r}")
+            group = await self._ask(leader, round_id, deadline)
+            if group is not None:
+                return group
         raise RoundFailed(f"round {round_id}: no group within {self.cfg.matchmaking_timeout_s:.1f}s")
+
+    async def _ask(self, leader: str, round_id: str, deadline: float) -> Group | None:
+        """Ask ``leader`` to take this peer into the round's group: the group, or ``None`` to look for
+        the leader again (unreachable, redirected); raises :class:`RoundFailed` when the round is lost."""
+        me = self.node.peer_key
+        try:
+            answer, _ = await self.node.call(
+                leader,
+                JOIN,
+                {
+                    "round": round_id,
+                    "device_index": self.device_index,
+                    "version": self.config_version,
+                    "state_hash": self.state_hash(),
+                    "wait_s": round(deadline - time.monotonic(), 3),
+                },
+                timeout_s=max(0.1, deadline - time.monotonic()),
+            )
+        except TransportError as e:
+            logger.info("%s round %s: leader %s unreachable (%s)", me[-6:], round_id, leader[-6:], e)
+            self.suspect(leader)
+            return None
+        status = answer.get("status")
+        if status == JoinStatus.OK:
+            members = tuple((int(d), str(p)) for d, p in answer["members"])
+            return Group(round_id, members, str(answer.get("nonce", "")))
+        if status == JoinStatus.REDIRECT:
+            await asyncio.sleep(0.02)
+            return None
+        if status == JoinStatus.STATE_MISMATCH:
+            raise StateMismatch(
+                leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
+            )
+        if status == JoinStatus.CONFIG_MISMATCH:  # that leader runs another config: never follow it
+            self.suspect(leader)
+            raise RoundFailed(f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}")
+        raise RoundFailed(f"round {round_id}: leader {leader[-6:]} answered {status!r}")
 
     async def _announced(self, round_id: str) -> dict[str, int]:
         found = await self.node.dht_get_dict(self._key(round_id))
@@ -253,10 +294,13 @@ class Matchmaker:
         return out
 
     # ---- the leader's side --------------------------------------------------------------------------
-    async def _lead(self, round_id: str, r: _Round, start: float, deadline: float) -> Group:
+    async def _lead(
+        self, round_id: str, r: _Round, start: float, deadline: float, *, read_announced: bool = True
+    ) -> Group:
         me = self.node.peer_key
         target = self.cfg.target_group_size
-        last_read = 0.0
+        # steady state: the members are known, read announcements only if the group is slow to fill
+        last_read = 0.0 if read_announced else time.monotonic()
         announced: dict[str, int] = {}
         while True:
             now = time.monotonic()
@@ -316,7 +360,7 @@ class Matchmaker:
         assert r.group is not None
         # Stop waiting a little before the joiner does: a group that closes after the joiner gave up
         # would list a member that never takes part, and the whole round would fail.
-        budget = 2 * self.cfg.matchmaking_timeout_s
+        budget = self.timing.announce_ttl_s
         wait_s = header.get("wait_s")
         if isinstance(wait_s, (int, float)) and math.isfinite(wait_s):
             budget = min(budget, wait_s - JOIN_ANSWER_MARGIN_S)

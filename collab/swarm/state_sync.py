@@ -9,14 +9,16 @@ is a :class:`StateRejected` with one line that says why, and the caller tries an
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collab.methods.base import MethodState
 from collab.swarm.records import PeerStatus
+from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode, TransportError
 
 STATE = "collab.state"
+MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempts at one step)
 
 
 class StateRejected(RuntimeError):
@@ -29,16 +31,38 @@ class StateSource:
 
     config_version: str
     method: str
-    timeout_s: float
+    timing: Timing
 
 
-def download_state(node: SwarmNode, peer: str, source: StateSource) -> MethodState:
-    """``peer``'s current state, checked against ``source``; raises :class:`StateRejected`."""
+@dataclass(frozen=True)
+class Downloaded:
+    """A checked state and, of the groups the requester asked about, those whose committed round (in the
+    source's lineage) holds the requester's contribution."""
+
+    state: MethodState
+    used: frozenset[str] = frozenset()
+
+
+def asked_rounds(header: Mapping[str, object]) -> list[str]:
+    """The group ids a state request asks about (bounded; anything malformed is ignored)."""
+    rounds = header.get("rounds")
+    if not isinstance(rounds, list):
+        return []
+    return [r for r in rounds[:MAX_ASKED_ROUNDS] if isinstance(r, str) and len(r) <= 64]
+
+
+def download_state(
+    node: SwarmNode, peer: str, source: StateSource, *, rounds: Sequence[str] = ()
+) -> Downloaded:
+    """``peer``'s current state, checked against ``source``; raises :class:`StateRejected`.
+
+    ``rounds``: group ids of rounds that failed here after this peer's contribution left; the answer
+    says which of them the source's lineage committed with it (see ``Method.adopt_state``)."""
+    request = {"rounds": list(rounds[-MAX_ASKED_ROUNDS:])} if rounds else {}
     try:
         header, payload = node.run(
-            node.call(peer, STATE, {}, timeout_s=source.timeout_s),
-            # the call's own limit plus the time to hand the answer back to this thread
-            timeout_s=source.timeout_s + 5.0,
+            node.call(peer, STATE, request, timeout_s=source.timing.state_call_s),
+            timeout_s=source.timing.state_wait_s,
         )
         state = MethodState.from_bytes(payload)
     except (TransportError, ValueError, TimeoutError) as e:
@@ -49,7 +73,10 @@ def download_state(node: SwarmNode, peer: str, source: StateSource) -> MethodSta
         raise StateRejected(f"it runs method {str(header.get('method'))[:40]!r}, not {source.method!r}")
     if header.get("hash") != state.hash():
         raise StateRejected("its state does not match the hash it announced")
-    return state
+    used = header.get("used")
+    asked = set(rounds)
+    kept = frozenset(r for r in used if isinstance(r, str) and r in asked) if isinstance(used, list) else None
+    return Downloaded(state, kept or frozenset())
 
 
 def alive_steps(alive: Mapping[str, object], *, exclude: str | None = None) -> list[tuple[int, str]]:

@@ -7,6 +7,7 @@ order, the same order as the simulation, in the same float64 arithmetic.
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import pytest
@@ -89,3 +90,34 @@ def test_swarm_matches_simulation(swarm: Swarm, name: str) -> None:
     for s in summaries:
         assert s["bits_up"] == sim.bits_per_device
         assert s["wire_bytes_sent"] > 0 and s["wire_bytes_received"] > 0
+
+
+LOST_AT = 8  # the step whose answers one member loses
+
+
+@pytest.mark.timeout(300)
+def test_member_that_loses_a_committed_round_stays_exact(swarm: Swarm) -> None:
+    """One member's answers are lost after the group committed with its contribution (a connection that
+    broke as the results came back). It syncs, learns from its source that its contribution is in the
+    state, and takes the error-feedback buffer that goes with it: from there every peer, the lossy one
+    included, equals the simulation again bit for bit (without that, the swarm departs from it for good)."""
+    data = _config(METHODS["masha2-topk10"])
+    data["run_id"] = "match-lossy"
+    path = swarm.write_config(data)
+    lossy = [sys.executable, "-m", "tests.integration.lossy_peer", f"{LOST_AT}.delta"]
+    peers = [swarm.start(path, device_index=i, launcher=lossy if i == 2 else None) for i in range(4)]
+    summaries = [swarm.finish(p, timeout_s=260) for p in peers]
+
+    events = [r for r in peers[2].records() if r.get("event") == "round_failed"]
+    assert events, "the lossy member must have failed a round"
+    syncs = [r for r in peers[2].records() if r.get("event") == "sync"]
+    assert syncs and syncs[0]["kept_residual"] is True, f"sync must keep the residual: {syncs}"
+    others = [r for p in (peers[0], peers[1], peers[3]) for r in p.records() if "event" not in r]
+    assert any(r["step"] == LOST_AT + 1 and r["group"] == 4 for r in others), (
+        "the group must have committed the lost round with all 4 members"
+    )
+
+    sim = simulate(parse_config(data), stop_at_target=False)
+    assert {s["hash"] for s in summaries} == {sim.state_hash}, (
+        "after the lost round the swarm must still equal the simulation exactly"
+    )

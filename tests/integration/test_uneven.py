@@ -1,10 +1,11 @@
 """Uneven volunteers: a round budget lets every member compute what its machine can, weighted by samples.
 
-Three real peers train a small text-to-image transformer with ``swarm.round_time_s``: one throttled to a
-quarter of its CPU with a small batch, one with a larger batch than the run's, one as configured. Local
-settings do not touch the run's config (no mismatch), every step's state is identical on every peer, the
-slow peer takes part in every round with its (fewer) samples counted, and nobody downloads the state
-after the start.
+Four real peers train a small text-to-image transformer with ``swarm.round_time_s``: one throttled to a
+quarter of its CPU with a small batch, one with a larger batch than the run's, one as configured, and one
+so slow (1% of its CPU) that it cannot finish a microbatch within a round. Local settings do not touch the
+run's config (no mismatch), every step's state is identical on every peer, the slow peer takes part in
+every round with its (fewer) samples counted, the crawling one tags along with weight 0 and stays in sync
+by applying the group's aggregate, and nobody downloads the state after the start.
 """
 
 from __future__ import annotations
@@ -23,10 +24,10 @@ STEPS = 12
 
 def _config() -> dict[str, Any]:
     data = yaml.safe_load((CONFIGS / "text2image.yaml").read_text())
-    data.update(num_devices=3, max_steps=STEPS, run_id="uneven")
+    data.update(num_devices=4, max_steps=STEPS, run_id="uneven")
     data["task"].update(layers=1, hidden=32, heads=2, train_scenes=300, eval_scenes=16, batch_size=8)
     data["method"]["optimizer"]["schedule"]["warmup_steps"] = 3
-    data["swarm"].update(min_group_size=3, round_time_s=0.4)
+    data["swarm"].update(min_group_size=4, round_time_s=0.4)
     return data
 
 
@@ -36,7 +37,8 @@ def test_throttled_volunteer_contributes_every_round_and_states_agree(swarm: Swa
     slow = swarm.start(path, device_index=0, extra=["--throttle", "0.25", "--batch-size", "4"])
     big = swarm.start(path, device_index=1, extra=["--batch-size", "16"])
     plain = swarm.start(path, device_index=2)
-    peers = [slow, big, plain]
+    crawler = swarm.start(path, device_index=3, extra=["--throttle", "0.01"])
+    peers = [slow, big, plain, crawler]
     summaries = [swarm.finish(p, timeout_s=240) for p in peers]
     assert {s["step"] for s in summaries} == {STEPS} and len({s["hash"] for s in summaries}) == 1
 
@@ -46,7 +48,7 @@ def test_throttled_volunteer_contributes_every_round_and_states_agree(swarm: Swa
         assert len(hashes) == 1 and None not in hashes, f"step {step}: {hashes}"
     records = [[r for r in p.records() if "event" not in r] for p in peers]
     for recs in records:
-        assert all(r["group"] == 3 for r in recs), "the slow peer is in every group"
+        assert all(r["group"] == 4 for r in recs), "the slow peers are in every group"
     samples = [[r["samples"] for r in recs] for recs in records]
     assert all(s > 0 and s % 4 == 0 for s in samples[0]), "the slow peer's samples count every round"
     assert all(s % 16 == 0 for s in samples[1]) and all(s % 8 == 0 for s in samples[2])
@@ -54,5 +56,7 @@ def test_throttled_volunteer_contributes_every_round_and_states_agree(swarm: Swa
     assert statistics.mean(samples[1]) > 2 * statistics.mean(samples[0]), samples
     shares = [statistics.mean(r["share"] for r in recs) for recs in records]
     assert shares[0] < shares[1] and 0.99 < sum(shares) < 1.01, shares
+    tagged = [r["step"] for r in records[3] if r["samples"] == 0]
+    assert len(tagged) >= STEPS // 2, f"the crawling peer tags along (weight 0) in most rounds: {samples[3]}"
     syncs = [r["step"] for p in peers for r in p.records() if r.get("event") == "sync"]
     assert all(step == 0 for step in syncs), f"nobody downloads the state after the start: {syncs}"

@@ -4,6 +4,7 @@ microbatches; one microbatch is bit for bit the step of old."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 
 import pytest
@@ -17,6 +18,7 @@ from collab.methods.base import (
     CommStats,
     Contribution,
     FixedMicrobatches,
+    RoundFailed,
     RoundKey,
     ServerFn,
     TimeBudget,
@@ -24,7 +26,7 @@ from collab.methods.base import (
 )
 from collab.methods.build import build_method
 from collab.methods.simulated import SimulatedAggregator
-from collab.tasks.base import Throttled
+from collab.tasks.base import LocalOperator, Throttled
 from collab.tasks.build import build_task
 from tests.conftest import CONFIGS
 
@@ -134,3 +136,150 @@ def test_masha_worker_loop_uses_each_workers_own_count() -> None:
     method.microbatches = FixedMicrobatches(2)
     method.step()
     assert method.last_samples == 2 * 2 * 4
+
+
+class _Slow(LocalOperator):
+    """An operator that takes ``seconds`` per evaluation (a device far slower than the round)."""
+
+    def __init__(self, operator: LocalOperator, seconds: float) -> None:
+        self.operator, self.seconds, self.dim = operator, seconds, operator.dim
+        self.calls = 0
+
+    def evaluate(
+        self, points: Sequence[torch.Tensor], *, step: int, full: bool = False, microbatch: int = 0
+    ) -> list[torch.Tensor]:
+        self.calls += 1
+        time.sleep(self.seconds)
+        return self.operator.evaluate(points, step=step, full=full, microbatch=microbatch)
+
+    @property
+    def weight(self) -> float:
+        return self.operator.weight
+
+
+def test_a_device_too_slow_for_the_round_tags_along_with_weight_zero() -> None:
+    cfg = _tiny_text2image()
+    task = build_task(cfg)
+    agg = Recording()
+    method = build_method(cfg, task, agg, [0])
+    method.initialize()
+    assert method.state is not None
+    before = method.workers[0].error
+    assert before is not None
+    before = before.clone()
+    slow = _Slow(method.workers[0].operator, 0.5)
+    method.workers[0].operator = slow
+    method.microbatches = TimeBudget(0.01, deadline_s=0.05)
+    start = time.monotonic()
+    method.step()
+    assert time.monotonic() - start < 0.45, "the step must not wait for the slow evaluation"
+    delta = [(w, sent) for key, w, sent in agg.seen if key.phase == "delta"]
+    weight, sent = delta[-1]
+    assert weight == 0 and not torch.any(sent), "a tag-along sends an empty message with weight 0"
+    assert torch.equal(method.workers[0].error, before), "its residual waits for a later round"
+    assert method.last_samples == 0
+    # the next round waits for the dropped evaluation first (a device computes one thing at a time);
+    # with time to spare it contributes again
+    method.microbatches = TimeBudget(0.01, deadline_s=5.0)
+    method.step()
+    assert slow.calls >= 2
+    weight, _ = [(w, s) for key, w, s in agg.seen if key.phase == "delta"][-1]
+    assert weight > 0
+
+
+class _LosesAt(Recording):
+    """Fails the delta round of ``step`` after the contribution 'left' (a group id is attempted)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__()
+        self.lose_step = step
+
+    def reduce(
+        self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn
+    ) -> CompressedMessage:
+        self.last_attempt = f"group-{key}"
+        if key == RoundKey(self.lose_step, "delta"):
+            raise RoundFailed("answers lost")
+        return super().reduce(key, contributions, server)
+
+
+def test_a_member_that_lost_a_committed_round_takes_the_residual_that_goes_with_it() -> None:
+    cfg = _tiny_text2image()
+    runs = []
+    for agg in (Recording(), _LosesAt(2), _LosesAt(2)):
+        method = build_method(cfg, build_task(cfg), agg, [0])
+        for _ in range(2):
+            method.step()
+        runs.append(method)
+    good, other_group, same_group = runs
+    for lossy in (other_group, same_group):
+        with pytest.raises(RoundFailed):
+            lossy.step()
+        assert lossy.pending_rounds == ["group-2:delta"]
+    kept = other_group.workers[0].error.clone()  # type: ignore[union-attr]
+    good.step()  # what the group committed at step 2, with the lossy member's contribution
+    assert good.state is not None
+    assert not torch.equal(good.workers[0].error, kept), "step 2 moved the residual"  # type: ignore[arg-type]
+
+    other_group.adopt_state(good.state, used=["group-9:delta"])  # the source: not with our contribution
+    assert torch.equal(other_group.workers[0].error, kept), "a residual never sent stays"  # type: ignore[arg-type]
+    same_group.adopt_state(good.state, used=["group-2:delta"])  # the source: committed with it
+    assert torch.equal(same_group.workers[0].error, good.workers[0].error)  # type: ignore[arg-type]
+    assert same_group.state is not None and same_group.state.hash() == good.state.hash()
+    assert same_group.pending_rounds == [] and other_group.pending_rounds == []
+
+
+def test_target_batch_budget_follows_the_groups_published_rates() -> None:
+    from collab.config import SwarmConfig
+    from collab.swarm.budget import RoundBudget, group_rate
+    from collab.swarm.timing import Timing
+
+    alive: dict[str, object] = {"a": {"rate": 100.0}, "b": {"rate": 300.0}, "c": {"rate": "fast"}, "d": {}}
+    assert group_rate(["a", "b"], alive) == 400.0
+    assert group_rate(["a", "b", "c"], alive) == 600.0, "unknown rates count at the others' median"
+    assert group_rate(["c", "d"], alive) is None
+    sw = SwarmConfig(round_time_s=2.0, target_batch_size=200)
+    members = ["a", "b"]
+    budget = RoundBudget(
+        round_time_s=2.0,
+        target_batch_size=200,
+        timing=Timing.of(sw),
+        members=lambda: members,
+        alive=lambda: alive,
+    )
+    assert budget.seconds() == 0.5  # 200 samples at 400 samples/s
+    assert budget.more(0, 9.0) and budget.more(1, 0.2) and not budget.more(1, 0.3)
+    members = ["c", "d"]
+    assert budget.seconds() == 2.0, "no rate known yet: the round budget"
+    members = ["a"]
+    assert budget.seconds() == 2.0, "a slow group is capped by round_time_s"
+    assert budget.deadline_s == Timing.of(sw).tag_along_s == 4.0
+    with pytest.raises(ValueError, match="target_batch_size needs round_time_s"):
+        SwarmConfig(target_batch_size=64)
+
+
+def test_timing_derives_every_wait_from_the_swarm_settings() -> None:
+    from collab.config import SwarmConfig
+    from collab.swarm.timing import Timing
+
+    t = Timing.of(SwarmConfig(matchmaking_timeout_s=4.0, allreduce_timeout_s=6.0, round_time_s=5.0))
+    assert t.patience_s == 60.0 and t.stall_s == 100.0
+    assert t.part_call_s > t.allreduce_s and t.reduce_wait_s > t.part_call_s
+    assert t.matchmaking_wait_s > t.matchmaking_s
+    assert t.tag_along_s == 8.0, "one more budget, at most half the exchange limit"
+    assert Timing.of(SwarmConfig()).tag_along_s is None
+
+
+def test_config_guard_follows_the_coordinator_else_the_majority() -> None:
+    from collab.swarm.config_guard import ConfigGuard, ConfigMismatch
+
+    guard = ConfigGuard("me", "v1")
+    peer = {"status": "training", "version": "v2"}
+    guard.check({"me": {"version": "v1"}, "a": dict(peer)})  # a tie keeps this peer running
+    with pytest.raises(ConfigMismatch, match=r"version v1.*version v2"):
+        guard.check({"a": dict(peer), "b": dict(peer), "d": dict(peer), "c": {"version": "v1"}})
+    guard.check({"a": dict(peer), "b": dict(peer), "c": {"version": "v1"}})  # 2 against 2 (with this peer)
+    guard.check({"a": dict(peer), "b": dict(peer), "k": {"status": "coordinator", "version": "v1"}})
+    with pytest.raises(ConfigMismatch):
+        guard.check({"k": {"status": "coordinator", "version": "v2"}, "c": {"version": "v1"}})
+    guard.check({"a": {"status": "training"}, "b": {"version": 7}})  # no usable versions: nothing to say

@@ -1,0 +1,113 @@
+"""Serving this peer's state to others, and catching up with the run from theirs.
+
+:class:`StateService` answers ``collab.state`` calls with the committed state, and tells a requester
+which of the groups it asks about committed with its contribution (see ``Method.adopt_state``).
+:class:`Catchup` downloads the state of the most advanced peer ahead (a late joiner, a peer that lost
+rounds) or of a round's leader that holds another state at the same step, checks it, and adopts it.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+
+from collab.methods.base import Method
+from collab.swarm.aggregator import SwarmAggregator
+from collab.swarm.state_sync import (
+    STATE,
+    StateRejected,
+    StateSource,
+    alive_steps,
+    asked_rounds,
+    download_state,
+)
+from collab.swarm.transport import Header, SwarmNode
+
+logger = logging.getLogger(__name__)
+
+
+class StateService:
+    """Serves ``method``'s committed state (never to banned peers)."""
+
+    def __init__(self, *, node: SwarmNode, method: Method, aggregator: SwarmAggregator, config_version: str):
+        self.method, self.aggregator, self.config_version = method, aggregator, config_version
+        node.serve(STATE, self._handle)
+
+    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+        if self.aggregator.bans.is_banned(remote):
+            raise PermissionError("banned from this run")
+        state = self.method.state
+        if state is None:
+            raise RuntimeError("no state yet")
+        answer = {
+            "step": state.step,
+            "hash": state.hash(),
+            "method": self.method.name,
+            "version": self.config_version,
+            "used": [g for g in asked_rounds(header) if self.aggregator.contributed(g, remote)],
+        }
+        return answer, state.to_bytes()
+
+
+class Catchup:
+    """Adopts checked states from other peers; ``emit`` receives one event per adopted state."""
+
+    def __init__(
+        self,
+        *,
+        node: SwarmNode,
+        method: Method,
+        aggregator: SwarmAggregator,
+        source: StateSource,
+        emit: Callable[..., None],
+        name: str,
+    ) -> None:
+        self.node, self.method, self.aggregator, self.source = node, method, aggregator, source
+        self.emit, self.name = emit, name
+        self._last_mismatch: tuple[str, int] | None = None
+
+    @property
+    def step(self) -> int:
+        return self.method.state.step if self.method.state is not None else -1
+
+    def peers_ahead(self) -> list[tuple[int, str]]:
+        view = self.aggregator.matchmaker.alive_peers
+        return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > self.step]
+
+    def sync(self, source: str | None = None) -> bool:
+        """Download the state of the most advanced peer ahead of us (or of ``source``, even at our step);
+        ``True`` if one was adopted."""
+        matchmaker = self.aggregator.matchmaker
+        candidates = [(self.step, source)] if source is not None else self.peers_ahead()
+        for _step, peer in candidates:
+            if matchmaker.is_suspect(peer):
+                continue
+            try:
+                got = download_state(self.node, peer, self.source, rounds=self.method.pending_rounds)
+                self.method.adopt_state(got.state, used=got.used)
+            except (StateRejected, ValueError) as e:  # ValueError: the right hash, but other shapes
+                logger.warning("%s: not taking the state of %s: %s", self.name, peer[-6:], e)
+                matchmaker.suspect(peer)
+                continue
+            self.aggregator.committed.clear()  # our lineage is now the source's
+            state = got.state
+            logger.info("%s: synchronized to step %d from %s", self.name, state.step, peer[-6:])
+            self.emit(
+                event="sync", step=state.step, source=peer, hash=state.hash(), kept_residual=bool(got.used)
+            )
+            return True
+        return False
+
+    def resolve_mismatch(self, leader: str) -> bool:
+        """Take the state of a leader that holds another state at our step - once per (leader, step): a
+        leader that still disagrees after we took its own state is lying, and is avoided."""
+        self.emit(event="state_mismatch", step=self.step, leader=leader)
+        if self._last_mismatch == (leader, self.step):
+            logger.warning("%s: %s keeps refusing its own state; avoiding it", self.name, leader[-6:])
+            self.aggregator.matchmaker.suspect(leader)
+            return False
+        self._last_mismatch = (leader, self.step)
+        logger.warning(
+            "%s step %d: leader %s holds another state; taking it", self.name, self.step, leader[-6:]
+        )
+        return self.sync(source=leader)

@@ -1,0 +1,86 @@
+"""Liveness: a peer's alive record, stored again every beat, and the view of who else is alive.
+
+Every ``heartbeat_interval_s`` a peer stores its record (``{step, device, status, name, version, rate}``
+for a volunteer; the coordinator's names the run's config version) under ``{run_id}_alive`` (subkey: its
+peer key) with a ``heartbeat_ttl_s`` expiration, and reads everyone's back. A record that expires means
+the peer left; a peer that leaves cleanly stores a last record with status ``left``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+
+from hivemind.utils import get_dht_time
+
+from collab.config import SwarmConfig
+from collab.swarm.records import PeerStatus
+from collab.swarm.timing import Timing
+from collab.swarm.transport import SwarmNode
+
+logger = logging.getLogger(__name__)
+
+AliveView = dict[str, dict[str, object]]
+
+
+def alive_key(run_id: str) -> str:
+    return f"{run_id}_alive"
+
+
+class Heartbeat:
+    """Stores ``record()`` every beat on a thread of its own; with ``on_view``, also reads the alive
+    records back and hands the view (peers that have not left) to it."""
+
+    def __init__(
+        self,
+        *,
+        node: SwarmNode,
+        run_id: str,
+        cfg: SwarmConfig,
+        record: Callable[[], dict[str, object]],
+        on_view: Callable[[AliveView], None] | None = None,
+        name: str = "collab-heartbeat",
+    ) -> None:
+        self.node, self.cfg, self.record, self.on_view = node, cfg, record, on_view
+        self.key = alive_key(run_id)
+        self.timing = Timing.of(cfg)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                self.publish()
+                if self.on_view is not None:
+                    self.refresh()
+            except Exception as e:  # the DHT being slow is not fatal: try again next beat
+                logger.debug("heartbeat failed: %s", e)
+            self._stop.wait(self.cfg.heartbeat_interval_s)
+
+    def publish(self, record: dict[str, object] | None = None) -> None:
+        """Store ``record`` (default: the current one) now."""
+        expiration = get_dht_time() + self.cfg.heartbeat_ttl_s
+        value = record if record is not None else self.record()
+        self.node.run(
+            self.node.dht_store(self.key, self.node.peer_key, value, expiration), timeout_s=self.timing.dht_s
+        )
+
+    def refresh(self) -> AliveView:
+        """Read the alive records now; hands the view to ``on_view`` and returns it."""
+        alive = self.node.run(self.node.dht_get_dict(self.key), timeout_s=self.timing.dht_s)
+        view = {p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != PeerStatus.LEFT}
+        if self.on_view is not None:
+            self.on_view(view)
+        return view
+
+    def stop(self, *, last: dict[str, object] | None = None) -> None:
+        """Stop beating; store ``last`` (e.g. status ``left``) if given."""
+        self._stop.set()
+        self._thread.join(timeout=5.0)
+        if last is not None:
+            try:
+                self.publish(last)
+            except Exception as e:  # leaving anyway
+                logger.debug("could not publish the last alive record: %s", e)

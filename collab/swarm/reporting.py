@@ -1,0 +1,119 @@
+"""What a volunteer tells others: its JSON-lines event log, and its signed progress and ban records.
+
+The log (one object per step or event) is what tests and tools read; the signed DHT records are what the
+monitor reads. Publishing is fire and forget: a slow DHT never stalls training.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from hivemind.utils import get_dht_time
+
+from collab.config import RunConfig
+from collab.methods.base import CommStats
+from collab.swarm.bans import BanEvent, Bans
+from collab.swarm.records import BanEntry, BanReport, ProgressRecord, bans_key, progress_key
+from collab.swarm.timing import Timing
+from collab.swarm.transport import SwarmNode
+
+
+class EventLog:
+    """Appends ``{"time", "peer", ...}`` lines to ``path`` (if any) and hands step records (those without
+    an ``event``) to ``on_step`` (e.g. a progress bar)."""
+
+    def __init__(self, path: str | Path | None, peer: str) -> None:
+        self.peer = peer
+        self.on_step: Callable[[dict[str, Any]], None] | None = None
+        self._file = open(path, "a", buffering=1) if path else None  # noqa: SIM115 (closed in close())
+
+    def emit(self, **record: Any) -> None:
+        record = {"time": round(time.time(), 3), "peer": self.peer, **record}
+        if self._file is not None:
+            self._file.write(json.dumps(record) + "\n")
+        if self.on_step is not None and "event" not in record:
+            self.on_step(record)
+
+    def close(self) -> None:
+        if self._file is not None:
+            self._file.close()
+            self._file = None
+
+
+class Reporter:
+    """Publishes this peer's signed progress record after each step and its current bans after each ban
+    (nothing without a ``signer``)."""
+
+    def __init__(
+        self, *, node: SwarmNode, cfg: RunConfig, signer: Any, name: str, device: str, client_mode: bool
+    ) -> None:
+        self.node, self.cfg, self.signer, self.name = node, cfg, signer, name
+        self.device, self.client_mode = device, client_mode
+        self.timing = Timing.of(cfg.swarm)
+        self.config_version = cfg.version()
+
+    def progress(
+        self,
+        *,
+        step: int,
+        samples: int,
+        samples_per_s: float,
+        metric: float,
+        metric_name: str,
+        stats: CommStats,
+        group_size: int,
+        round_share: float,
+    ) -> None:
+        if self.signer is None:
+            return
+        from collab import __version__
+
+        record = ProgressRecord(
+            step=step,
+            samples=samples,
+            samples_per_s=float(samples_per_s),
+            metric=float(metric),
+            metric_name=metric_name,
+            bits_up=float(stats.bits_up),
+            bits_down=float(stats.bits_down),
+            wire_sent=int(stats.wire_bytes_sent),
+            wire_received=int(stats.wire_bytes_received),
+            group_size=int(group_size),
+            round_share=float(round_share),
+            device=self.device,
+            client_mode=self.client_mode,
+            software_version=__version__,
+            config_version=self.config_version,
+            name=self.name,
+            time=float(get_dht_time()),
+        )
+        expiration = get_dht_time() + self.timing.progress_ttl_s
+        self.node.spawn(
+            self.node.dht_store(
+                progress_key(self.cfg.run_id), self.signer.local_public_key, record.dict(), expiration
+            )
+        )
+
+    def bans(self, bans: Bans) -> None:
+        if self.signer is None:
+            return
+        entries = [
+            BanEntry(peer=e.peer, reason=e.reason[:200], round_id=e.round_id, time=e.time, until=e.until)
+            for e in bans.active()
+        ]
+        report = BanReport(name=self.name, bans=entries, time=float(get_dht_time()))
+        expiration = get_dht_time() + self.cfg.swarm.ban_duration_s
+        self.node.spawn(
+            self.node.dht_store(
+                bans_key(self.cfg.run_id), self.signer.local_public_key, report.dict(), expiration
+            )
+        )
+
+
+def ban_line(event: BanEvent) -> dict[str, Any]:
+    """The event-log fields of a ban."""
+    return {"banned": event.peer, "reason": event.reason, "round": event.round_id}

@@ -1,0 +1,71 @@
+"""Every wait of a peer, derived from the run's swarm settings in one place.
+
+The config names the protocol's own limits (matchmaking, exchange, state download, heartbeats, the round
+budget); everything a peer waits for besides - the margins around a call, how long a thread waits for the
+event loop, when a device tags along, when a volunteer gives up, how long records live - follows from them
+here, so that changing one setting moves every wait that depends on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from collab.config import SwarmConfig
+
+LOOP_MARGIN_S = 5.0  # a thread waiting on the event loop allows this much beyond the call's own limit
+UPLOAD_MARGIN_S = 2.0  # a part call allows this for the upload on top of the owner's wait
+DHT_S = 10.0  # one DHT read or write
+
+
+@dataclass(frozen=True)
+class Timing:
+    """The derived waits (seconds). Build with :meth:`of`."""
+
+    matchmaking_s: float  # forming a group
+    matchmaking_wait_s: float  # a thread waiting for matchmaking to answer
+    announce_ttl_s: float  # a round announcement's life in the DHT
+    matchmaking_horizon_s: float  # matchmaking bookkeeping older than this is dropped
+    allreduce_s: float  # an owner waiting for the parts of its round
+    part_call_s: float  # a member's part call (the owner's wait plus the upload)
+    reduce_wait_s: float  # a thread waiting for the exchange to answer
+    slot_horizon_s: float  # exchange bookkeeping older than this is dropped
+    state_call_s: float  # a state download
+    state_wait_s: float  # a thread waiting for the download
+    dht_s: float  # one DHT read or write
+    view_wait_s: float  # at the start: how long to look for other peers before deciding to initialize
+    tag_along_s: float | None  # past this, a device without a finished microbatch tags along (weight 0)
+    patience_s: float  # a volunteer without progress for this long stops
+    suspect_s: float  # a peer whose state did not check out is skipped this long (keeper)
+    progress_ttl_s: float  # a progress record's life in the DHT
+    stall_s: float  # a whole run (demo) without a new step for this long has stalled
+
+    @classmethod
+    def of(cls, sw: SwarmConfig) -> Timing:
+        exchange = sw.matchmaking_timeout_s + sw.allreduce_timeout_s
+        # A member slower than the round budget still contributes one microbatch if it ends within one
+        # more budget (never beyond half of the exchange limit the others wait under); past that it tags
+        # along, so the others' round is never held up for long.
+        tag_along = (
+            None
+            if sw.round_time_s is None
+            else sw.round_time_s + min(sw.round_time_s, sw.allreduce_timeout_s / 2)
+        )
+        return cls(
+            matchmaking_s=sw.matchmaking_timeout_s,
+            matchmaking_wait_s=sw.matchmaking_timeout_s + LOOP_MARGIN_S,
+            announce_ttl_s=2 * sw.matchmaking_timeout_s,
+            matchmaking_horizon_s=4 * sw.matchmaking_timeout_s,
+            allreduce_s=sw.allreduce_timeout_s,
+            part_call_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S,
+            reduce_wait_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S + LOOP_MARGIN_S,
+            slot_horizon_s=4 * sw.allreduce_timeout_s,
+            state_call_s=sw.state_sync_timeout_s,
+            state_wait_s=sw.state_sync_timeout_s + LOOP_MARGIN_S,
+            dht_s=DHT_S,
+            view_wait_s=3 * sw.heartbeat_interval_s,
+            tag_along_s=tag_along,
+            patience_s=6 * exchange,
+            suspect_s=10 * sw.heartbeat_ttl_s,
+            progress_ttl_s=max(30.0, 10 * sw.heartbeat_ttl_s),
+            stall_s=10 * exchange,
+        )
