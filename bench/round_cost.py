@@ -30,13 +30,26 @@ def _worker(index: int, maddr: str, args: argparse.Namespace, barrier: Any, out:
     from collab.config import load_config
     from collab.methods.base import Contribution, RoundKey
     from collab.swarm import SwarmAggregator, SwarmNode
+    from collab.swarm.heartbeat import Heartbeat
 
     cfg = load_config(args.config)
     swarm = cfg.swarm.model_copy(update={"min_group_size": args.peers, "round_time_s": 1.0})
     node = SwarmNode(initial_peers=[maddr])
     agg = SwarmAggregator(node=node, run_id="round-cost", cfg=swarm, device_index=index, shared_seed=1)
-    view = {f"p{i}": {"status": "training", "step": 0} for i in range(args.peers)}
-    agg.matchmaker.alive_peers = view  # everyone expected in every round (as the heartbeat would say)
+
+    def on_view(view: dict[str, dict[str, object]]) -> None:
+        agg.matchmaker.alive_peers = view
+
+    # the volunteers' own liveness records: who is expected in every round
+    beat = Heartbeat(
+        node=node,
+        run_id="round-cost",
+        cfg=swarm,
+        record=lambda: {"status": "training", "step": 0},
+        on_view=on_view,
+    )
+    while len(agg.matchmaker.alive_peers) < args.peers:
+        time.sleep(0.05)
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(index))
     msg = TopK(ratio=args.ratio).compress(x, seed=1, step=0)
     barrier.wait()
@@ -55,6 +68,7 @@ def _worker(index: int, maddr: str, args: argparse.Namespace, barrier: Any, out:
             print(f"peer {index} round {r}: {type(e).__name__}: {e}", flush=True)
     out.put((index, times))
     barrier.wait()
+    beat.stop()
     node.shutdown()
 
 

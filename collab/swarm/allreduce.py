@@ -31,8 +31,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-import os
-import signal
 import time
 from dataclasses import dataclass, field
 
@@ -50,11 +48,6 @@ logger = logging.getLogger(__name__)
 
 PART = "collab.part"
 UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer has not formed (yet)
-
-# Fault injection for tests (torchft-style ``fail_at(peer, step)``): with COLLAB_FAIL_AT=ROUND (e.g.
-# "12.delta") a peer SIGKILLs its whole process group - itself, its DHT and p2pd - in the middle of that
-# round: after its parts are sent, before the results come back. Unset in normal use.
-FAIL_AT = os.environ.get("COLLAB_FAIL_AT") or None
 
 
 class PeerUnreachable(RoundFailed):
@@ -155,8 +148,6 @@ class ExactReducer:
 
     async def _handle_part(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
         group_id, j, sender = str(header["group_id"]), int(header["part"]), int(header["sender"])
-        if FAIL_AT is not None and header.get("round") == FAIL_AT:
-            await asyncio.sleep(3600)  # fault injection: this peer is about to die; never answer
         slot = self._slot(group_id, j)
         if slot.group is not None and not self._is_member(slot.group, sender, remote):
             raise ValueError("sender is not that member of the group")
@@ -319,10 +310,6 @@ class ExactReducer:
             )
 
         tasks = [asyncio.ensure_future(fetch(j)) for j in range(n)]
-        if FAIL_AT is not None and group.round_id == FAIL_AT:
-            await asyncio.sleep(0.05)  # parts are on their way; the answers are not back yet
-            logger.warning("fault injection: killing this peer in the middle of round %s", group.round_id)
-            os.killpg(os.getpgrp(), signal.SIGKILL)
         try:
             answers = await asyncio.gather(*tasks)
         except BaseException:

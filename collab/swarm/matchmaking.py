@@ -14,10 +14,10 @@ Protocol (one round):
    ``timeout`` before that rather than list a member that has given up.
 
 **Steady state.** When the peers alive are exactly the members of the last group this peer committed
-with, the round skips the DHT on its critical path: the announcement is stored in the background (a
-newcomer still finds the round), the last group's smallest key leads without reading announcements, and
-every other member calls it at once. Anything unusual - the leader unreachable or redirecting, a peer
-joined or left the alive view - falls back to the protocol above for that round.
+with, the round skips the DHT: no announcement, the last group's smallest key leads without reading
+announcements, and every other member calls it at once. Anything unusual - the leader unreachable or
+redirecting, a peer joined or left the alive view (a newcomer appears there within a heartbeat, and the
+members then announce again, so it finds them) - falls back to the protocol above for that round.
 
 A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
 gets ``closed`` and its round fails (it is late and will resynchronize). A group below
@@ -104,6 +104,9 @@ class _Round:
     role: Role = Role.PENDING
     leader: str | None = None
     joiners: dict[str, int] = field(default_factory=dict)
+    # joiners' state hashes, checked when the group closes (this peer's state is then at the round's step)
+    hashes: dict[str, str | None] = field(default_factory=dict)
+    mismatched: set[str] = field(default_factory=set)
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
     closed: bool = False
@@ -218,10 +221,8 @@ class Matchmaker:
         if r.closed:  # we are retrying this round: a new group, a new leader state
             self._rounds.pop(round_id, None)
             r = self._round(round_id)
-        expiration = get_dht_time() + self.timing.announce_ttl_s
         steady = self._steady_leader()
         if steady is not None:
-            self.node.spawn(self.node.dht_store(self._key(round_id), me, self.device_index, expiration))
             if steady == me:
                 r.role, r.leader = Role.LEADER, me
                 return await self._lead(round_id, r, start, deadline, read_announced=False)
@@ -230,8 +231,8 @@ class Matchmaker:
             if group is not None:
                 return group
             r.role, r.leader = Role.PENDING, None  # the usual path for this round
-        else:
-            await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
+        expiration = get_dht_time() + self.timing.announce_ttl_s
+        await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
         await asyncio.sleep(
             min(0.02, self.cfg.min_matchmaking_time_s / 4)
         )  # let peers of this round announce
@@ -306,6 +307,11 @@ class Matchmaker:
             now = time.monotonic()
             if now - last_read > 0.1:
                 announced, last_read = await self._announced(round_id), now
+                if not read_announced and not set(announced) <= set(r.joiners):
+                    # someone looks for this round the usual way: let it find its leader
+                    expiration = get_dht_time() + self.timing.announce_ttl_s
+                    await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
+                    read_announced = True
                 if any(p < me for p in announced):  # a smaller peer showed up: it leads this round
                     r.role, r.leader = Role.FOLLOWER, min(announced)
                     r.changed.set()  # waiting joiners see the new role and get redirected
@@ -327,7 +333,12 @@ class Matchmaker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(r.changed.wait(), timeout=0.05)
         r.closed = True
-        members = sorted([(self.device_index, me), *((d, p) for p, d in r.joiners.items())])
+        mine = self.state_hash()
+        if mine is not None:  # two diverged states never average together
+            r.mismatched = {p for p in r.joiners if r.hashes.get(p) not in (None, mine)}
+        members = sorted(
+            [(self.device_index, me), *((d, p) for p, d in r.joiners.items() if p not in r.mismatched)]
+        )
         assert r.group is not None
         if len(members) < self.cfg.min_group_size:
             err = RoundFailed(
@@ -345,17 +356,22 @@ class Matchmaker:
         device_index = int(header["device_index"])
         if header.get("version") != self.config_version:
             return {"status": JoinStatus.CONFIG_MISMATCH.value, "version": self.config_version}, b""
-        mine = self.state_hash()
-        if mine is not None and header.get("state_hash") not in (None, mine):
-            return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if self.bans.is_banned(remote):
             return {"status": JoinStatus.BANNED.value}, b""
         r = self._round(round_id)
+        theirs = header.get("state_hash")
+        theirs = theirs if isinstance(theirs, str) else None
+        # A joiner may come before this peer has finished the step before the round (its state is then
+        # one step behind): compare states once this peer is in the round, at the latest when it closes.
+        mine = self.state_hash() if r.role == Role.LEADER else None
+        if mine is not None and theirs not in (None, mine):
+            return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
             return {"status": JoinStatus.CLOSED.value}, b""
         if r.role == Role.FOLLOWER and r.leader is not None:
             return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index
+        r.hashes[remote] = theirs
         r.changed.set()
         assert r.group is not None
         # Stop waiting a little before the joiner does: a group that closes after the joiner gave up
@@ -378,6 +394,8 @@ class Matchmaker:
         if r.group.exception() is not None:
             return {"status": JoinStatus.FAILED.value}, b""
         group = r.group.result()
+        if remote in r.mismatched:
+            return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if remote not in group.peers:
             return {"status": JoinStatus.CLOSED.value}, b""
         return {

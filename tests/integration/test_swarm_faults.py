@@ -9,6 +9,8 @@ state hash equals the others'. The run reaches max_steps and converges.
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 
 from tests.integration.swarm_harness import Swarm
@@ -44,7 +46,8 @@ CONFIG = {
 @pytest.mark.timeout(300)
 def test_kill_mid_round_and_late_joiner(swarm: Swarm) -> None:
     path = swarm.write_config(CONFIG)
-    peers = [swarm.start(path, i, env={"COLLAB_FAIL_AT": KILL_ROUND} if i == 3 else None) for i in range(4)]
+    dying = [sys.executable, "-m", "tests.integration.dying_peer", KILL_ROUND]
+    peers = [swarm.start(path, i, launcher=dying if i == 3 else None) for i in range(4)]
     victim, survivors = peers[3], peers[:3]
 
     swarm.wait_until(lambda: victim.proc.poll() is not None, 120, "the victim to die in round " + KILL_ROUND)

@@ -1,0 +1,54 @@
+"""A volunteer that dies in the middle of a round: a real ``collab join`` that, in round ``ROUND`` (e.g.
+``12.delta``), sends its parts and then SIGKILLs its whole process group - itself, its DHT and p2pd - before
+the results come back; from the moment that round begins it never answers a part call again (as a machine
+that went down). Everything else is the unmodified peer. Only tests start this (torchft-style
+``fail_at(peer, step)``).
+
+``python -m tests.integration.dying_peer ROUND JOIN-ARGS...``
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import collab.swarm.allreduce as allreduce
+
+logger = logging.getLogger("collab.tests.dying_peer")
+
+
+def main(argv: Sequence[str]) -> int:
+    fail_round, rest = argv[0], list(argv[1:])
+    honest_reduce = allreduce.ExactReducer.reduce
+    honest_handle = allreduce.ExactReducer._handle_part
+    dying = asyncio.Event()
+
+    async def handle_part(self: allreduce.ExactReducer, header: Any, payload: bytes, remote: str) -> Any:
+        if header.get("round") == fail_round or dying.is_set():
+            await asyncio.sleep(3600)  # about to die: never answer
+        return await honest_handle(self, header, payload, remote)
+
+    async def reduce(self: allreduce.ExactReducer, group: Any, *args: Any, **kwargs: Any) -> Any:
+        if group.round_id != fail_round:
+            return await honest_reduce(self, group, *args, **kwargs)
+        dying.set()
+        task = asyncio.ensure_future(honest_reduce(self, group, *args, **kwargs))
+        await asyncio.sleep(0.05)  # parts are on their way; the answers are not back yet
+        logger.warning("fault injection: killing this peer in the middle of round %s", group.round_id)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+        return await task
+
+    allreduce.ExactReducer._handle_part = handle_part  # type: ignore[method-assign]
+    allreduce.ExactReducer.reduce = reduce  # type: ignore[method-assign]
+    from peers.cli import main as cli_main
+
+    return cli_main(rest)
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
