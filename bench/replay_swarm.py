@@ -34,8 +34,9 @@ def main() -> None:
     swarm: dict[int, str] = {}
     for line in (work / f"volunteer-{args.volunteer}.jsonl").read_text().splitlines():
         record = json.loads(line)
-        if "event" not in record:
-            swarm[record["step"]] = record["hash"]  # after a state download the last line wins
+        if "event" not in record or record["event"] in ("initialized", "sync"):
+            # a step's line, or the state adopted at that step; after a download the last one wins
+            swarm[record["step"]] = record["hash"]
     task = build_task(cfg)
     method = build_method(cfg, task, SimulatedAggregator(num_devices=cfg.num_devices), range(cfg.num_devices))
     method.initialize()

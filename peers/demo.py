@@ -49,8 +49,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="give up after this many seconds in all (default: no limit; the demo still gives up when no "
         "volunteer finishes a step for 10 rounds' worth of the config's matchmaking and all-reduce timeouts)",
     )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads per volunteer (default: the machine's cores divided among the volunteers, at "
+        "least 1, unless OMP_NUM_THREADS is set; a simulation equals the run when it uses the same count)",
+    )
     p.add_argument("--plot", metavar="PNG", help="plot the metric against the step to this file")
     p.add_argument("--json", action="store_true", help="end with one JSON object")
+
+
+def _volunteer_env(threads: int | None, peers: int) -> dict[str, str]:
+    """The volunteers' environment: the machine's cores shared among them (N volunteers with all cores
+    each would oversubscribe the CPU), unless --threads or OMP_NUM_THREADS says otherwise."""
+    env = dict(os.environ)
+    if threads is None and "OMP_NUM_THREADS" in env:
+        return env
+    count = threads if threads is not None else max(1, (os.cpu_count() or 1) // peers)
+    env["OMP_NUM_THREADS"] = str(count)
+    return env
 
 
 def _cmd(*args: str) -> list[str]:
@@ -101,6 +119,10 @@ def run(args: argparse.Namespace) -> int:
     if args.peers < 1:
         print("--peers: must be at least 1", file=sys.stderr)
         return EXIT_BAD_INPUT
+    if args.threads is not None and args.threads < 1:
+        print("--threads: must be at least 1", file=sys.stderr)
+        return EXIT_BAD_INPUT
+    volunteer_env = _volunteer_env(args.threads, args.peers)
     cfg = load_config_or_exit(args.config)
     if cfg is None:
         return EXIT_BAD_INPUT
@@ -181,6 +203,7 @@ def run(args: argparse.Namespace) -> int:
                     stdout=subprocess.PIPE,
                     stderr=(work / f"volunteer-{i}.err").open("w"),
                     text=True,
+                    env=volunteer_env,
                     start_new_session=True,
                 )
             )
