@@ -5,8 +5,9 @@ drawn by ``random.Random(SEED)`` is killed with SIGKILL to its process group (pe
 machine going down), at whatever point of whatever round it is in, and a fresh `collab join` on the same
 shard is started at once: it downloads the state from a peer that is ahead (hash checked) and takes part
 again. A kill comes 10 s after the previous one or when the leading peer passes the next of
-``KILL_MARKS``, whichever is first, and only once the previous victim's successor takes part again, so
-there are always 5, one outage at a time (a restart takes 2-20 s on 2 cores, depending on the load).
+``KILL_MARKS``, whichever is first, and only once the previous victim's successor takes part again: one
+outage at a time, up to 5 (a restart takes 2-20 s on 2 cores, depending on the load; rounds take tens of
+milliseconds, so on a busy machine the run may end after 2 or 3 - at least 2 are required).
 
 What is asserted does not depend on timing:
 
@@ -113,6 +114,11 @@ def test_chaos_kill_and_restart(swarm: Swarm) -> None:
     swarm.wait_until(lambda: leader() >= 1, 60, "the first step")
     t0 = last_kill = time.monotonic()
     killed: list[tuple[int, int, float]] = []  # (shard, leader's step, seconds since the first step)
+
+    def back(p: Peer) -> bool:
+        """Took part in a round again (or, started so late that the others finished, took the end state)."""
+        return bool(p.steps()) or any(r.get("event") == "sync" and r["step"] >= STEPS for r in p.records())
+
     successor: Peer | None = None
     for mark in KILL_MARKS:
         swarm.wait_until(
@@ -122,8 +128,12 @@ def test_chaos_kill_and_restart(swarm: Swarm) -> None:
         )
         # one outage at a time: the previous successor takes part again before the next kill (rounds
         # are fast; on a busy machine a restart can outlast a whole stretch between marks)
-        if successor is not None and leader() < STEPS - 60:
-            swarm.wait_until(lambda p=successor: bool(p.steps()), CATCH_UP_S, "the successor to take part")
+        if successor is not None:
+            swarm.wait_until(
+                lambda p=successor: back(p) or leader() >= STEPS, CATCH_UP_S, "the successor to take part"
+            )
+        if leader() >= STEPS - 30:  # restarts outlasted the run: no kills at its very end
+            break
         shard = rng.randrange(PEERS)
         killed.append((shard, leader(), round(time.monotonic() - t0, 1)))
         swarm.kill(live[shard])
@@ -132,11 +142,9 @@ def test_chaos_kill_and_restart(swarm: Swarm) -> None:
         live[shard] = successor = swarm.start(path, shard)
     restarted = [p for p in swarm.peers if p.index >= PEERS]
 
+    assert len(killed) >= 2, f"too few kills before the end of the run: {killed}"
     # Every successor still alive downloads the state and takes part in rounds again (or, started so late
     # that the others finished meanwhile, downloads the final state).
-    def back(p: Peer) -> bool:
-        return bool(p.steps()) or any(r.get("event") == "sync" and r["step"] >= STEPS for r in p.records())
-
     swarm.wait_until(lambda: all(back(p) for p in live.values()), CATCH_UP_S, "the successors to catch up")
     summaries = [swarm.finish(p, timeout_s=120) for p in live.values()]
     elapsed = time.monotonic() - t0

@@ -159,9 +159,12 @@ SWARM = {
 def test_resume_behind_the_swarm_syncs_to_it(swarm: Swarm) -> None:
     config = _config(swarm, "swarm", SWARM)
     ckpt = swarm.tmp / "volunteer.ckpt"
-    steady = [_start(swarm, config, i) for i in (0, 1)]
+    # the leaver trains steps 1-5 with one steady peer (min_group_size 2: neither moves without the other,
+    # so the leaver cannot start late and skip them); the second steady peer comes after
+    first = _start(swarm, config, 0)
     leaver = _start(swarm, config, 2, "--checkpoint", str(ckpt), "--max-steps", "5")
     swarm.finish(leaver, timeout_s=90)
+    steady = [first, _start(swarm, config, 1)]
     swarm.wait_until(lambda: min(p.last_step() for p in steady) >= 15, 90, "the swarm to reach step 15")
 
     resumed = _start(swarm, config, 2, "--checkpoint", str(ckpt), "--resume")
