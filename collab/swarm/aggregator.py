@@ -99,11 +99,7 @@ class SwarmAggregator(Aggregator):
                 self.matchmaker.form_group(round_id), timeout_s=self.timing.matchmaking_wait_s
             )
         except TimeoutError:
-            self.matchmaker.committed([])  # the next round looks for its group the usual way
             raise RoundFailed(f"round {round_id}: matchmaking timed out") from None
-        except BaseException:
-            self.matchmaker.committed([])
-            raise
 
     def prepare(self, key: RoundKey) -> None:
         """With a round budget (``round_time_s``), form the group before computing: members then compute
@@ -120,8 +116,13 @@ class SwarmAggregator(Aggregator):
         except Exception as e:  # as in reduce: a broken peer's answer skips the round, never kills us
             raise RoundFailed(f"round {round_id}: {type(e).__name__}: {e}") from None
         finally:
-            self.stats.wire_bytes_sent += self.node.bytes_sent - sent0
-            self.stats.wire_bytes_received += self.node.bytes_received - recv0
+            self._count_wire(sent0, recv0)
+            if self._prepared is None:
+                self.matchmaker.remember_group([])  # the next round looks for its group the usual way
+
+    def _count_wire(self, sent0: int, recv0: int) -> None:
+        self.stats.wire_bytes_sent += self.node.bytes_sent - sent0
+        self.stats.wire_bytes_received += self.node.bytes_received - recv0
 
     def reduce(
         self, key: RoundKey, contributions: Sequence[Contribution], server: ServerFn
@@ -133,6 +134,7 @@ class SwarmAggregator(Aggregator):
         sent0, recv0 = self.node.bytes_sent, self.node.bytes_received
         prepared, self._prepared = self._prepared, None
         self.last_attempt = None
+        mean: CompressedMessage | None = None
         try:
             group = prepared[1] if prepared and prepared[0] == round_id else self._form_group(round_id)
             self.last_attempt = group.group_id  # from here on our contribution may reach the owners
@@ -142,29 +144,27 @@ class SwarmAggregator(Aggregator):
             )
         except PeerUnreachable as e:
             self.matchmaker.suspect(e.peer)
-            self.matchmaker.committed([])  # the next round looks for its group the usual way
             raise
         except TimeoutError:
-            self.matchmaker.committed([])
             raise RoundFailed(f"round {round_id} timed out") from None
         except RoundFailed:
-            self.matchmaker.committed([])
             raise
         except Exception as e:  # hostile or broken peers' answers must not kill this peer: skip the round
-            self.matchmaker.committed([])
             logger.warning("round %s failed unexpectedly: %s: %s", round_id, type(e).__name__, e)
             raise RoundFailed(f"round {round_id}: {type(e).__name__}: {e}") from None
         finally:
-            self.stats.wire_bytes_sent += self.node.bytes_sent - sent0
-            self.stats.wire_bytes_received += self.node.bytes_received - recv0
+            self._count_wire(sent0, recv0)
+            if mean is None:
+                self.matchmaker.remember_group([])  # the next round looks for its group the usual way
         out = server(mean)
         self.stats.bits_up += c.message.bits
         self.stats.bits_down += out.bits
         self.stats.rounds += 1
         self._last_group = group
         excluded = self.reducer.last_excluded
-        self.committed[group.group_id] = frozenset(p for p in group.peers if p not in excluded)
-        self.matchmaker.committed([p for p in group.peers if p not in excluded])
+        members = frozenset(p for p in group.peers if p not in excluded)
+        self.committed[group.group_id] = members
+        self.matchmaker.remember_group(members)
         while len(self.committed) > COMMITTED_HISTORY:
             self.committed.popitem(last=False)
         logger.debug("%s round %s: group of %d", self.node.peer_key[-6:], round_id, len(group))

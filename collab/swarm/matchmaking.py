@@ -34,7 +34,7 @@ import logging
 import math
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -199,8 +199,9 @@ class Matchmaker:
     def _live_count(self) -> int:
         return len(self._expected()) or 1
 
-    def committed(self, members: list[str]) -> None:
-        """The group of ``members`` committed a round: the next may take the steady-state path."""
+    def remember_group(self, members: Iterable[str]) -> None:
+        """The group of ``members`` committed a round: the next may take the steady-state path (empty:
+        a round failed, the next looks for its group the usual way)."""
         self._last_group = frozenset(members)
 
     def _steady_leader(self) -> str | None:

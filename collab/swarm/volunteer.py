@@ -164,15 +164,9 @@ class Volunteer:
     def _on_view(self, view: AliveView) -> None:
         self.aggregator.matchmaker.alive_peers = view
 
-    def publish_alive(self, status: PeerStatus | None = None) -> None:
-        self.heartbeat.publish(self._alive_record(status))
-
     def check_config_version(self) -> None:
         """Refuse to train with a config that differs from the swarm's (:class:`ConfigGuard`)."""
         self.guard.check(self.aggregator.matchmaker.alive_peers)
-
-    def sync(self, source: str | None = None) -> bool:
-        return self.catchup.sync(source)
 
     # ---- the loop ----------------------------------------------------------------------------------
     def run(self, *, max_steps: int | None = None, give_up_after_s: float | None = None) -> int:
@@ -259,9 +253,6 @@ class Volunteer:
             wire_sent=stats.wire_bytes_sent,
             wire_received=stats.wire_bytes_received,
         )
-
-    def save_checkpoint(self) -> None:
-        self.checkpoints.save()
 
     def load_checkpoint(self, path: str | Path) -> bool:
         """Start from the checkpoint at ``path`` (before :meth:`run`); ``False`` if there is none.

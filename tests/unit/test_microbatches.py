@@ -56,13 +56,19 @@ def _tiny_text2image():  # type: ignore[no-untyped-def]
     return with_overrides(cfg, num_devices=2, task=task_cfg)
 
 
-def test_three_microbatches_contribute_their_mean_with_three_times_the_weight() -> None:
+def _recorded_method():  # type: ignore[no-untyped-def]
+    """The tiny config's device 0, initialized, over a :class:`Recording` aggregator."""
     cfg = _tiny_text2image()
     task = build_task(cfg)
     agg = Recording()
     method = build_method(cfg, task, agg, [0])
     method.initialize()
     assert method.state is not None
+    return cfg, task, agg, method
+
+
+def test_three_microbatches_contribute_their_mean_with_three_times_the_weight() -> None:
+    cfg, task, agg, method = _recorded_method()
     state = method.state.clone()
     method.microbatches = FixedMicrobatches(3)
     method.step()
@@ -158,12 +164,7 @@ class _Slow(LocalOperator):
 
 
 def test_a_device_too_slow_for_the_round_tags_along_with_weight_zero() -> None:
-    cfg = _tiny_text2image()
-    task = build_task(cfg)
-    agg = Recording()
-    method = build_method(cfg, task, agg, [0])
-    method.initialize()
-    assert method.state is not None
+    _, _, agg, method = _recorded_method()
     before = method.workers[0].error
     assert before is not None
     before = before.clone()
