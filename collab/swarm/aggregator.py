@@ -18,6 +18,7 @@ from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
 from collab.swarm.allreduce import ExactReducer, PeerUnreachable
 from collab.swarm.bans import BanEvent, Bans
+from collab.swarm.budget import ClaimBounds
 from collab.swarm.matchmaking import Group, Matchmaker
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
@@ -56,7 +57,12 @@ class SwarmAggregator(Aggregator):
             bans=self.bans,
             state_hash=state_hash,
         )
-        self.reducer = ExactReducer(node=node, cfg=cfg, bans=self.bans)
+        self.reducer = ExactReducer(
+            node=node,
+            cfg=cfg,
+            bans=self.bans,
+            claims=ClaimBounds(cfg, alive=lambda: self.matchmaker.alive_peers),
+        )
         self._last_group: Group | None = None
         self._prepared: tuple[str, Group] | None = None  # (round id, group) formed before computing
         self.last_attempt: str | None = None

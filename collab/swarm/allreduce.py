@@ -12,9 +12,12 @@ simulation's when the canonical order matches its device order.
 **Validation.** The owner checks every part before averaging it: that it comes from the group member it
 claims to be (the libp2p-authenticated sender), matches the round's layout as the owner computed it
 itself, fits the size a well-formed part can have, parses (kind, lengths, strictly increasing in-range
-indices), holds finite values, and that its norm and its claimed samples (weight) are not outliers
-against the group's lower median (``max_norm_ratio`` for norms; ``max_weight_ratio``, wider, for
-weights: members of uneven speed honestly differ in samples per round). A part that fails is dropped
+indices), holds finite values, and that its norm is not an outlier against the group's lower median
+(``max_norm_ratio``). Its claimed samples (weight) must be plausible for the sender's device: with
+``claims`` (:class:`~collab.swarm.budget.ClaimBounds`) a claim above what the sender's published rate and
+microbatch allow in this round's budget counts at that bound, and one ``max_weight_ratio`` times over it
+fails; a sender without a published bound is held to ``max_weight_ratio`` times the group's lower median
+(members of uneven speed honestly differ in samples per round). A part that fails is dropped
 from this part's average, its sender is banned (:mod:`collab.swarm.bans`) and told why; the other
 members get the average of the valid parts, and the list of dropped members, in the answer. Members
 check the reduced parts they receive in a deterministic way (everyone receives the same bytes, so
@@ -32,6 +35,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from collab.compression import CompressedMessage, MessageFormatError, MessageKind, weighted_mean
@@ -108,10 +112,19 @@ class ExactReducer:
         node: this peer's node.
         cfg: the run's swarm section (timeouts, ``max_norm_ratio``).
         bans: where offenders go (default: a private list with ``cfg.ban_duration_s``).
+        claims: the most samples each of a group's members can plausibly claim (see the module docstring;
+            default: none known, every claim is held to the group-median check).
     """
 
-    def __init__(self, *, node: SwarmNode, cfg: SwarmConfig, bans: Bans | None = None) -> None:
-        self.node, self.cfg = node, cfg
+    def __init__(
+        self,
+        *,
+        node: SwarmNode,
+        cfg: SwarmConfig,
+        bans: Bans | None = None,
+        claims: Callable[[Sequence[str]], Mapping[str, float]] | None = None,
+    ) -> None:
+        self.node, self.cfg, self._claims = node, cfg, claims
         self.timing = Timing.of(cfg)
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self._slots: dict[tuple[str, int], _Slot] = {}
@@ -223,9 +236,7 @@ class ExactReducer:
         ratio = self.cfg.max_norm_ratio
         for i, why in outliers({i: norm_of(m) for i, (m, _) in counted.items()}, ratio, trusted=me).items():
             excluded[i] = f"norm {why}"
-        weight_ratio = self.cfg.max_weight_ratio  # honest members of uneven speed differ in samples
-        for i, why in outliers({i: w for i, (_, w) in counted.items()}, weight_ratio, trusted=me).items():
-            excluded.setdefault(i, f"weight {why}")
+        self._check_claims(group, me, counted, excluded)
         for i, why in excluded.items():
             counted.pop(i, None)
             if why != "banned":
@@ -253,6 +264,33 @@ class ExactReducer:
                 )
                 slot.result.exception()
             raise RoundFailed(f"parts missing: got {have}") from None
+
+    def _check_claims(
+        self,
+        group: Group,
+        me: int,
+        counted: dict[int, tuple[CompressedMessage, float]],
+        excluded: dict[int, str],
+    ) -> None:
+        """Hold every member's claimed samples to what it can plausibly have computed: over its bound it
+        counts at the bound, ``max_weight_ratio`` times over it is excluded; members without a bound are
+        held to ``max_weight_ratio`` times the group's lower median (honest speeds differ that much)."""
+        ratio = self.cfg.max_weight_ratio
+        bounds = self._claims(group.peers) if self._claims is not None else {}
+        weights = {i: w for i, (_, w) in counted.items()}
+        for i, why in outliers(weights, ratio, trusted=me).items():
+            if group.peers[i] not in bounds:
+                excluded.setdefault(i, f"weight {why}")
+        for i, (msg, w) in counted.items():
+            bound = bounds.get(group.peers[i])
+            if i == me or bound is None or w <= bound:
+                continue
+            if w > ratio * bound:
+                why = f"weight {w:.3g} is over {ratio:g}x the {bound:.3g} samples its device can have done"
+                excluded.setdefault(i, why)
+            else:  # a device faster than it published: it counts at what it can plausibly have done
+                logger.info("counting %s's claim of %.3g samples at %.3g", group.peers[i][-6:], w, bound)
+                counted[i] = (msg, bound)
 
     async def reduce(
         self, group: Group, message: CompressedMessage, weight: float, layout: Layout | str | None = None

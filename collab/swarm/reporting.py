@@ -45,8 +45,9 @@ class EventLog:
 
 
 class Reporter:
-    """Publishes this peer's signed progress record after each step and its current bans after each ban
-    (nothing without a ``signer``)."""
+    """Publishes this peer's signed progress record after each step and its current bans after each ban,
+    and again every ``Timing.bans_republish_s`` while it holds any (a store can fail on a busy machine,
+    and the DHT nodes that held the report can leave); nothing without a ``signer``."""
 
     def __init__(
         self, *, node: SwarmNode, cfg: RunConfig, signer: Any, name: str, device: str, client_mode: bool
@@ -55,6 +56,8 @@ class Reporter:
         self.device, self.client_mode = device, client_mode
         self.timing = Timing.of(cfg.swarm)
         self.config_version = cfg.version()
+        self._bans: Bans | None = None
+        self._bans_stored = 0.0  # time.monotonic() of the last ban report
 
     def progress(
         self,
@@ -97,10 +100,13 @@ class Reporter:
                 progress_key(self.cfg.run_id), self.signer.local_public_key, record.dict(), expiration
             )
         )
+        if self._bans is not None and time.monotonic() - self._bans_stored >= self.timing.bans_republish_s:
+            self.bans(self._bans)
 
     def bans(self, bans: Bans) -> None:
         if self.signer is None:
             return
+        self._bans, self._bans_stored = bans, time.monotonic()
         entries = [
             BanEntry(peer=e.peer, reason=e.reason[:200], round_id=e.round_id, time=e.time, until=e.until)
             for e in bans.active()

@@ -37,6 +37,7 @@ class Timing:
     patience_s: float  # a volunteer without progress for this long stops
     suspect_s: float  # a peer whose state did not check out is skipped this long (keeper)
     progress_ttl_s: float  # a progress record's life in the DHT
+    bans_republish_s: float  # a peer's ban report is stored again this often while it holds bans
     stall_s: float  # a whole run (demo) without a new step for this long has stalled
 
     @classmethod
@@ -67,5 +68,6 @@ class Timing:
             patience_s=6 * exchange,
             suspect_s=10 * sw.heartbeat_ttl_s,
             progress_ttl_s=max(30.0, 10 * sw.heartbeat_ttl_s),
+            bans_republish_s=sw.heartbeat_ttl_s,
             stall_s=10 * exchange,
         )

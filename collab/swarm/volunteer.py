@@ -26,7 +26,7 @@ from collab.methods.base import Method, RoundFailed
 from collab.methods.build import build_method
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.bans import BanEvent
-from collab.swarm.budget import RATE, RoundBudget
+from collab.swarm.budget import MICROBATCH, RATE, RoundBudget
 from collab.swarm.catchup import Catchup, StateService
 from collab.swarm.checkpoints import Checkpointer
 from collab.swarm.config_guard import ConfigGuard, ConfigMismatch
@@ -108,6 +108,7 @@ class Volunteer:
                 timing=self.timing,
                 members=self.aggregator.prepared_members,
                 alive=lambda: self.aggregator.matchmaker.alive_peers,
+                ratio=cfg.swarm.max_weight_ratio,
             )
         self.guard = ConfigGuard(node.peer_key, self.config_version)
         self.checkpoints = Checkpointer(
@@ -158,7 +159,8 @@ class Volunteer:
             "status": (status or self.status).value,
             "name": self.name,
             "version": self.config_version,  # the majority check of peers without a coordinator reads it
-            RATE: self.rate,  # fellow members size target-batch rounds by it
+            RATE: self.rate,  # fellow members size target-batch rounds by it, and bound our claims
+            MICROBATCH: self.method.workers[0].operator.weight,  # the samples of one evaluation
         }
 
     def _on_view(self, view: AliveView) -> None:

@@ -5,7 +5,8 @@
 * ``nan``      - its parts carry NaN values;
 * ``scale``    - its parts are 1e6 times larger than honest ones;
 * ``index``    - its sparse parts carry an index past the end of the vector;
-* ``oversize`` - its parts are padded past the run's ``max_message_bytes``.
+* ``oversize`` - its parts are padded past the run's ``max_message_bytes``;
+* ``weight``   - its parts are honest but claim far more samples than its device can have computed.
 
 Everything else - matchmaking, state, records - is the unmodified peer. Only tests start this.
 """
@@ -16,6 +17,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import Any
 
 import torch
 
@@ -23,6 +25,7 @@ import collab.swarm.allreduce as allreduce
 from collab.compression import CompressedMessage, MessageKind
 
 PAD_BYTES = 3 * 1024 * 1024  # tests set swarm.max_message_bytes below this
+CLAIM_FACTOR = 1e4  # a claimed weight this many times its real samples
 
 
 class _Padded(CompressedMessage):
@@ -55,7 +58,15 @@ def main(argv: Sequence[str]) -> int:
     def hostile_split(msg: CompressedMessage, n: int, layout: str | None = None) -> list[CompressedMessage]:
         return [tamper(p, mode) for p in honest_split(msg, n, layout)]
 
-    allreduce.split = hostile_split  # type: ignore[assignment]
+    if mode == "weight":
+        honest_reduce = allreduce.ExactReducer.reduce
+
+        async def inflated(self: Any, group: Any, message: Any, weight: float, *rest: Any) -> Any:
+            return await honest_reduce(self, group, message, weight * CLAIM_FACTOR, *rest)
+
+        allreduce.ExactReducer.reduce = inflated  # type: ignore[method-assign]
+    else:
+        allreduce.split = hostile_split  # type: ignore[assignment]
     from peers.cli import main as cli_main
 
     return cli_main(rest)

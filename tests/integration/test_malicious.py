@@ -1,7 +1,7 @@
-"""Hostile peers: NaNs, 1e6-times values, an out-of-range index, an oversized message.
+"""Hostile peers: NaNs, 1e6-times values, an out-of-range index, an oversized message, inflated samples.
 
 Three honest volunteers (devices 0-2) train the bilinear problem with MASHA1 and per-device Rand-k
-(sparse parts, so indices travel); four malicious volunteers join the same run, one per attack, each
+(sparse parts, so indices travel); five malicious volunteers join the same run, one per attack, each
 claiming an honest device's shard. Every honest part owner checks the parts it receives, drops the bad
 ones and bans their senders; the round in which that happens may fail (a malicious owner's share of
 the aggregate is bad too) and is redone without them. The honest peers must end with identical states
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import sys
 import time
+from typing import Any
 
 import pytest
 
@@ -20,10 +21,16 @@ from collab.swarm.records import make_validators
 from collab.swarm.transport import SwarmNode
 from monitor.service import Monitor
 from monitor.store import MonitorStore
-from tests.integration.swarm_harness import Swarm
+from tests.integration.swarm_harness import Peer, Swarm
 
 STEPS = 120
-ATTACKS = {"nan": "non-finite", "scale": "norm", "index": "indices", "oversize": "exceeds the limit"}
+ATTACKS = {
+    "nan": "non-finite",
+    "scale": "norm",
+    "index": "indices",
+    "oversize": "exceeds the limit",
+    "weight": "can have done",
+}
 
 CONFIG = {
     "run_id": "hostile",
@@ -39,7 +46,9 @@ CONFIG = {
         "device_compressor": {"name": "randk", "ratio": 0.5, "coordinates": "per_device"},
     },
     "swarm": {
-        "min_group_size": 2,
+        # every honest round holds all three shards: a round of two on a busy machine is legitimate
+        # but moves the iterate off the 3-shard solution, which this test's convergence check is not about
+        "min_group_size": 3,
         "min_matchmaking_time_s": 1.0,
         "matchmaking_timeout_s": 6.0,
         "allreduce_timeout_s": 4.0,
@@ -57,8 +66,26 @@ def test_malicious_peers_are_dropped_and_banned(swarm: Swarm) -> None:
     honest = [swarm.start(path, i) for i in range(3)]
     launcher = [sys.executable, "-m", "tests.integration.malicious_peer"]
     hostile = {mode: swarm.start(path, i % 3, launcher=[*launcher, mode]) for i, mode in enumerate(ATTACKS)}
-    summaries = [swarm.finish(p, timeout_s=240) for p in honest]
+    # A monitor follows the run as it goes, as a real one does (signed ban reports in the DHT, stored in
+    # its SQLite history): after the run, the DHT nodes that held a report may have left.
+    cfg = parse_config(CONFIG)
+    validators, _ = make_validators(cfg.run_id)
+    reader = SwarmNode(initial_peers=[swarm.maddr], record_validators=validators, client_mode=True)
+    store = MonitorStore(swarm.tmp / "monitor.sqlite")
+    monitor = Monitor(cfg, reader, store, poll_interval_s=cfg.swarm.heartbeat_interval_s).start()
+    try:
+        summaries = [swarm.finish(p, timeout_s=240) for p in honest]
+        monitor.stop()
+        _check_run(honest, hostile, summaries, store)
+    finally:
+        monitor.stop()
+        store.close()
+        reader.shutdown()
 
+
+def _check_run(
+    honest: list[Peer], hostile: dict[str, Peer], summaries: list[dict[str, Any]], store: MonitorStore
+) -> None:
     # Identical state at the end and at every step any two honest peers both logged.
     assert len({s["hash"] for s in summaries}) == 1, summaries
     by_step: dict[int, set[str]] = {}
@@ -84,16 +111,7 @@ def test_malicious_peers_are_dropped_and_banned(swarm: Swarm) -> None:
         assert any(reason in b["reason"] for b in mine), f"{mode}: {[b['reason'] for b in mine]}"
     assert not any(b["banned"] in {s["peer"] for s in summaries} for b in bans), "an honest peer was banned"
 
-    # The bans reach the monitor: signed ban reports in the DHT, stored in its SQLite history.
-    cfg = parse_config(CONFIG)
-    validators, _ = make_validators(cfg.run_id)
-    reader = SwarmNode(initial_peers=[swarm.maddr], record_validators=validators, client_mode=True)
-    store = MonitorStore(swarm.tmp / "monitor.sqlite")
-    try:
-        Monitor(cfg, reader, store).poll_once()
-        shown = {b["peer"] for b in store.bans()}
-        assert set(keys.values()) <= shown, f"monitor shows {shown}"
-        assert store.banned_peers(time.time()) >= len(ATTACKS)
-    finally:
-        store.close()
-        reader.shutdown()
+    # The bans reached the monitor.
+    shown = {b["peer"] for b in store.bans()}
+    assert set(keys.values()) <= shown, f"monitor shows {shown}"
+    assert store.banned_peers(time.time()) >= len(ATTACKS)

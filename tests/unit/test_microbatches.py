@@ -284,3 +284,34 @@ def test_config_guard_follows_the_coordinator_else_the_majority() -> None:
     with pytest.raises(ConfigMismatch):
         guard.check({"k": {"status": "coordinator", "version": "v2"}, "c": {"version": "v1"}})
     guard.check({"a": {"status": "training"}, "b": {"version": 7}})  # no usable versions: nothing to say
+
+
+def test_claim_bounds_follow_each_members_published_device() -> None:
+    from collab.config import SwarmConfig
+    from collab.swarm.budget import CLAIM_SLACK, ClaimBounds, group_rate
+
+    alive: dict[str, object] = {
+        "slow": {"rate": 10.0, "microbatch": 8},
+        "fast": {"rate": 400.0, "microbatch": 32},  # an honest GPU: 40x the slow one
+        "mid": {"rate": 20.0, "microbatch": 8},
+        "liar": {"rate": 1e9, "microbatch": 1e9},  # inflated numbers: capped at 100x the lower median
+        "new": {"microbatch": 8},  # no rate yet
+    }
+    lockstep = ClaimBounds(SwarmConfig(), alive=lambda: alive)
+    assert lockstep(["slow", "fast", "mid"]) == {"slow": 8, "fast": 32, "mid": 8}, "one microbatch each"
+    assert lockstep(["slow", "nobody"]) == {"slow": 8}, "no record: left to the group-median check"
+
+    timed = ClaimBounds(SwarmConfig(round_time_s=0.5), alive=lambda: alive)
+    got = timed(["slow", "fast", "mid", "new"])
+    assert got == {
+        "slow": 8 + CLAIM_SLACK * 10 * 0.5,
+        "fast": 32 + CLAIM_SLACK * 400 * 0.5,
+        "mid": 8 + CLAIM_SLACK * 20 * 0.5,
+    }
+    capped = timed(["slow", "mid", "liar"])
+    assert capped["liar"] == 100 * 8 + CLAIM_SLACK * 100 * 20 * 0.5, "capped at 100x the lower medians"
+    assert group_rate(["slow", "mid", "liar"], alive, ratio=100.0) == 10 + 20 + 2000
+
+    # with a target batch the budget is the group's: 90 samples at 30 samples/s of slow + mid = 3 s
+    target = ClaimBounds(SwarmConfig(round_time_s=5.0, target_batch_size=90), alive=lambda: alive)
+    assert target(["slow", "mid"]) == {"slow": 8 + CLAIM_SLACK * 10 * 3.0, "mid": 8 + CLAIM_SLACK * 20 * 3.0}
