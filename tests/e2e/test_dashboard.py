@@ -50,7 +50,7 @@ def _tiny_text2image(path: Path, steps: int) -> list[str]:
     return list(data["task"]["prompts"])
 
 
-@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (installed by .ci/run)")
+@pytest.mark.skipif(CHROMIUM is None, reason="needs Debian's chromium (tests/run.sh installs it)")
 @pytest.mark.timeout(400)
 def test_dashboard_in_chromium(roles: Roles, tmp_path: Path) -> None:
     """An invite-only text2image run with the model keeper: the dashboard shows the live numbers, charts

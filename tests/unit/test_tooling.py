@@ -27,3 +27,15 @@ def test_mypy_clean() -> None:
     pytest.importorskip("mypy")
     res = _run(sys.executable, "-m", "mypy", "collab")
     assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_readme_test_command_is_what_ci_runs() -> None:
+    root = REPO
+    first = (root / "README.md").read_text().split("```bash\n", 1)[1].split("```", 1)[0].splitlines()
+    assert len(first) == 2 and "collab demo" in first[0], first
+    test_command = first[1]
+    ci = [x.strip() for x in (root / ".ci/run").read_text().splitlines() if x.strip() and x[0] != "#"]
+    assert test_command in ci, f"{test_command!r} is not what .ci/run calls: {ci}"
+    script = (root / "tests/run.sh").read_text()
+    assert "apt-get install -y -q chromium chromium-driver" in script, "the dashboard test needs chromium"
+    assert "python -m pytest" in script and '"$rc" -eq 5' in script
