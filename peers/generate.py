@@ -118,7 +118,7 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
         raise GenerateError(str(e)) from None
     if cfg.task.name != "text2image":
         raise GenerateError(f"--coordinator: run {cfg.run_id} trains task {cfg.task.name}, not text2image")
-    from collab.swarm.state_sync import StateRejected, StateSource, alive_steps, download_state
+    from collab.swarm.state_sync import StateRejected, StateSource, Vouches, alive_steps, download_state
     from collab.swarm.timing import Timing
 
     task, method = follower_method(cfg)
@@ -127,6 +127,9 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
     except KeeperError as e:
         raise GenerateError(str(e)) from None
     source = StateSource(config_version=cfg.version(), method=method.name, timing=Timing.of(cfg.swarm))
+    vouches = Vouches(
+        node, cfg.run_id, source.timing, me=node.peer_key, alone_ok=cfg.swarm.min_group_size < 2
+    )
     problems: list[str] = []
     try:
         # peers publish their alive records every heartbeat: a few heartbeats tell who is there
@@ -139,6 +142,7 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
             for _step, peer in alive_steps(alive):
                 try:
                     state = download_state(node, peer, source).state
+                    vouches.check(state, peer, alive)  # more than one member vouches for it
                     method.adopt_state(state)
                 except (StateRejected, ValueError) as e:
                     problems.append(f"{peer[-6:]}: {e}")

@@ -57,6 +57,12 @@ class Bans:
     def is_banned(self, peer: str) -> bool:
         return self._until.get(peer, 0.0) > time.time()
 
+    def active_peers(self) -> list[str]:
+        """The peers banned now, sorted."""
+        now = time.time()
+        with self._lock:
+            return sorted(p for p, until in self._until.items() if until > now)
+
     def active(self) -> list[BanEvent]:
         now = time.time()
         with self._lock:

@@ -15,8 +15,10 @@ from collab.methods.base import Method
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.state_sync import (
     STATE,
+    ForgedState,
     StateRejected,
     StateSource,
+    Vouches,
     alive_steps,
     asked_rounds,
     download_state,
@@ -50,7 +52,9 @@ class StateService:
 
 
 class Catchup:
-    """Adopts checked states from other peers; ``emit`` receives one event per adopted state."""
+    """Adopts checked states from other peers - hash-checked, and vouched for by more than one member
+    (``vouches``); a source whose state other members contradict is banned. ``emit`` receives one event
+    per adopted state."""
 
     def __init__(
         self,
@@ -59,10 +63,12 @@ class Catchup:
         method: Method,
         aggregator: SwarmAggregator,
         source: StateSource,
+        vouches: Vouches,
         emit: Callable[..., None],
         name: str,
     ) -> None:
         self.node, self.method, self.aggregator, self.source = node, method, aggregator, source
+        self.vouches = vouches
         self.emit, self.name = emit, name
         self._last_mismatch: tuple[str, int] | None = None
 
@@ -84,7 +90,12 @@ class Catchup:
                 continue
             try:
                 got = download_state(self.node, peer, self.source, rounds=self.method.pending_rounds)
+                self.vouches.check(got.state, peer, matchmaker.alive_peers)
                 self.method.adopt_state(got.state, used=got.used)
+            except ForgedState as e:
+                logger.warning("%s: not taking the state of %s: %s", self.name, peer[-6:], e)
+                self.aggregator.bans.ban(peer, f"forged state: {e}", f"{got.state.step}.state")
+                continue
             except (StateRejected, ValueError) as e:  # ValueError: the right hash, but other shapes
                 logger.warning("%s: not taking the state of %s: %s", self.name, peer[-6:], e)
                 matchmaker.suspect(peer)

@@ -2,11 +2,11 @@
 
 The seed run's "auxiliary peer" at collab's scale. The keeper reads the run's alive records, and every
 ``every`` steps (and at the run's last step) downloads the state of the most advanced volunteer with the
-same hash-checked call late joiners use (:mod:`collab.swarm.state_sync`), checks that it fits the run's
-method (parameter count, optimizer tensors), and writes ``step-NNNNNN.ckpt`` atomically into its folder
-(the same checkpoint format as ``collab join --checkpoint``, with the run config inside, so ``collab
-export`` and ``collab generate`` take it as it is). Then it hands the state to ``on_state`` (for instance
-a gallery of samples).
+same hash- and vouch-checked call late joiners use (:mod:`collab.swarm.state_sync`), checks that it fits
+the run's method (parameter count, optimizer tensors), and writes ``step-NNNNNN.ckpt`` atomically into
+its folder (the same checkpoint format as ``collab join --checkpoint``, with the run config inside, so
+``collab export`` and ``collab generate`` take it as it is). Then it hands the state to ``on_state``
+(for instance a gallery of samples).
 
 It never slows the volunteers' rounds: it publishes no alive record, so it is never expected in a group
 and never chosen as a sync source; it takes part in no round; it downloads at most once per ``every``
@@ -26,7 +26,7 @@ from pathlib import Path
 from collab.config import RunConfig
 from collab.methods.base import Method, MethodState
 from collab.methods.checkpoint import encode_checkpoint, write_checkpoint
-from collab.swarm.state_sync import StateRejected, StateSource, alive_steps, download_state
+from collab.swarm.state_sync import StateRejected, StateSource, Vouches, alive_steps, download_state
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 
@@ -75,6 +75,9 @@ class ModelKeeper:
         self.source = StateSource(
             config_version=cfg.version(), method=method.name, timing=Timing.of(cfg.swarm)
         )
+        self.vouches = Vouches(
+            node, cfg.run_id, self.source.timing, me=node.peer_key, alone_ok=cfg.swarm.min_group_size < 2
+        )
         existing = kept_steps(self.folder)
         self.last_kept = existing[-1] if existing else -1  # a restarted keeper goes on where it stopped
         self._suspects: dict[str, float] = {}  # peer -> monotonic time until which it is skipped
@@ -101,6 +104,7 @@ class ModelKeeper:
                 continue
             try:
                 state = download_state(self.node, peer, self.source).state
+                self.vouches.check(state, peer, alive)  # more than one member vouches for it
                 self.method.adopt_state(state)  # checks shapes and optimizer tensors
             except (StateRejected, ValueError) as e:
                 logger.warning("keeper: not taking the state of %s: %s", peer[-6:], e)

@@ -23,6 +23,13 @@ A follower that learns of a smaller leader is redirected; a joiner that arrives 
 gets ``closed`` and its round fails (it is late and will resynchronize). A group below
 ``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped; banned
 peers (:mod:`collab.swarm.bans`) are skipped too, and refused when they ask to join.
+
+**Bans are local**, so a joiner names the peers it has banned (``avoid``) and the leader never closes a
+group holding both a peer and one it bans (their round would fail at the exchange, every time): the
+accused peer stays out when a majority of the group bans it, otherwise the accuser does (answered
+``conflict``; it fails the round and catches up by state download), so a peer that bans honest members
+only shuts itself out. The leader then suspects the peer it left out, so the next rounds do not wait for
+it.
 """
 
 from __future__ import annotations
@@ -60,6 +67,7 @@ class JoinStatus(StrEnum):
     BANNED = "banned"
     CLOSED = "closed"  # the group is formed without the joiner
     TIMEOUT = "timeout"  # the joiner's wait ran out before the group formed
+    CONFLICT = "conflict"  # left out: the joiner bans, or a majority of the group bans, a member
     FAILED = "failed"  # the round failed at the leader
 
 
@@ -73,6 +81,24 @@ class Role(StrEnum):
 
 JOIN = "collab.join"
 JOIN_ANSWER_MARGIN_S = 0.5  # a leader answers a joiner at least this long before the joiner gives up
+MAX_AVOIDED = 64  # banned peers a joiner names to the leader
+
+
+def settle_bans(members: Iterable[str], avoids: dict[str, set[str]], *, keep: str) -> set[str]:
+    """The members to leave out so that no member bans another (``avoids[p]``: whom ``p`` bans): an
+    accused member goes when more than half of ``members`` ban it, otherwise its accusers go; ``keep``
+    (the leader, who refused whom it bans already) always stays. Deterministic in its inputs."""
+    group = set(members)
+    out: set[str] = set()
+    for accused in sorted(group):
+        accusers = {a for a in sorted(group) if accused in avoids.get(a, set())}
+        if not accusers:
+            continue
+        if 2 * len(accusers) > len(group) and accused != keep:
+            out.add(accused)
+        else:
+            out |= accusers - {keep}
+    return out
 
 
 @dataclass(frozen=True)
@@ -107,6 +133,8 @@ class _Round:
     # joiners' state hashes, checked when the group closes (this peer's state is then at the round's step)
     hashes: dict[str, str | None] = field(default_factory=dict)
     mismatched: set[str] = field(default_factory=set)
+    avoids: dict[str, set[str]] = field(default_factory=dict)  # joiner -> the peers it bans
+    conflicts: set[str] = field(default_factory=set)  # joiners left out: they ban, or are banned by, members
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
     closed: bool = False
@@ -264,6 +292,7 @@ class Matchmaker:
                     "version": self.config_version,
                     "state_hash": self.state_hash(),
                     "wait_s": round(deadline - time.monotonic(), 3),
+                    "avoid": self.bans.active_peers()[:MAX_AVOIDED],
                 },
                 timeout_s=max(0.1, deadline - time.monotonic()),
             )
@@ -282,6 +311,8 @@ class Matchmaker:
             raise StateMismatch(
                 leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
             )
+        if status == JoinStatus.CONFLICT:
+            raise RoundFailed(f"round {round_id}: left out (it bans, or is banned by, members of the group)")
         if status == JoinStatus.CONFIG_MISMATCH:  # that leader runs another config: never follow it
             self.suspect(leader)
             raise RoundFailed(f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}")
@@ -337,8 +368,15 @@ class Matchmaker:
         mine = self.state_hash()
         if mine is not None:  # two diverged states never average together
             r.mismatched = {p for p in r.joiners if r.hashes.get(p) not in (None, mine)}
+        candidates = [me, *(p for p in r.joiners if p not in r.mismatched)]
+        r.conflicts = settle_bans(candidates, r.avoids, keep=me)
+        for p in r.conflicts:  # not waited for in the next rounds (it would come, and be left out again)
+            self.suspect(p)
         members = sorted(
-            [(self.device_index, me), *((d, p) for p, d in r.joiners.items() if p not in r.mismatched)]
+            [
+                (self.device_index, me),
+                *((d, p) for p, d in r.joiners.items() if p not in r.mismatched and p not in r.conflicts),
+            ]
         )
         assert r.group is not None
         if len(members) < self.cfg.min_group_size:
@@ -373,6 +411,10 @@ class Matchmaker:
             return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index
         r.hashes[remote] = theirs
+        avoid = header.get("avoid")
+        r.avoids[remote] = (
+            {a for a in avoid[:MAX_AVOIDED] if isinstance(a, str)} if isinstance(avoid, list) else set()
+        )
         r.changed.set()
         assert r.group is not None
         # Stop waiting a little before the joiner does: a group that closes after the joiner gave up
@@ -397,6 +439,8 @@ class Matchmaker:
         group = r.group.result()
         if remote in r.mismatched:
             return {"status": JoinStatus.STATE_MISMATCH.value}, b""
+        if remote in r.conflicts:
+            return {"status": JoinStatus.CONFLICT.value}, b""
         if remote not in group.peers:
             return {"status": JoinStatus.CLOSED.value}, b""
         return {

@@ -13,9 +13,10 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils.timed_storage import get_dht_time
-from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint
+from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint, conlist, constr
 
 RECORD_VERSION = 1
+VOUCHED_STATES = 16  # a progress record vouches for this peer's latest committed (step, state hash) pairs
 
 
 class PeerStatus(StrEnum):
@@ -29,8 +30,19 @@ class PeerStatus(StrEnum):
     COORDINATOR = "coordinator"  # the run's coordinator: names the run's config version, never trains
 
 
+class StateVouch(BaseModel):
+    """A state this peer committed: a peer that downloads it checks that others vouch for its hash."""
+
+    step: conint(strict=True, ge=0)  # type: ignore[valid-type]
+    hash: constr(strict=True, max_length=64)  # type: ignore[valid-type]
+
+    class Config:
+        extra = "forbid"
+
+
 class ProgressRecord(BaseModel):
-    """One peer's latest progress (version 1)."""
+    """One peer's latest progress (version 1). ``peer`` is the writer's libp2p peer id (as it says) and
+    ``states`` the latest states it committed, newest last."""
 
     record_version: conint(strict=True, ge=1) = RECORD_VERSION  # type: ignore[valid-type]
     step: conint(strict=True, ge=0)  # type: ignore[valid-type]
@@ -50,6 +62,8 @@ class ProgressRecord(BaseModel):
     config_version: StrictStr
     name: StrictStr
     time: StrictFloat
+    peer: StrictStr = ""
+    states: conlist(StateVouch, max_items=VOUCHED_STATES) = []  # type: ignore[valid-type]
 
     class Config:
         extra = "forbid"

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,15 @@ from hivemind.utils import get_dht_time
 from collab.config import RunConfig
 from collab.methods.base import CommStats
 from collab.swarm.bans import BanEvent, Bans
-from collab.swarm.records import BanEntry, BanReport, ProgressRecord, bans_key, progress_key
+from collab.swarm.records import (
+    VOUCHED_STATES,
+    BanEntry,
+    BanReport,
+    ProgressRecord,
+    StateVouch,
+    bans_key,
+    progress_key,
+)
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 
@@ -57,6 +66,7 @@ class Reporter:
         self.timing = Timing.of(cfg.swarm)
         self.config_version = cfg.version()
         self._bans: Bans | None = None
+        self._states: deque[StateVouch] = deque(maxlen=VOUCHED_STATES)  # what this peer vouches for
         self._bans_stored = 0.0  # time.monotonic() of the last ban report
 
     def progress(
@@ -70,9 +80,12 @@ class Reporter:
         stats: CommStats,
         group_size: int,
         round_share: float,
+        state_hash: str | None = None,
     ) -> None:
         if self.signer is None:
             return
+        if state_hash is not None:
+            self._states.append(StateVouch(step=step, hash=state_hash))
         from collab import __version__
 
         record = ProgressRecord(
@@ -93,6 +106,8 @@ class Reporter:
             config_version=self.config_version,
             name=self.name,
             time=float(get_dht_time()),
+            peer=self.node.peer_key,
+            states=list(self._states),
         )
         expiration = get_dht_time() + self.timing.progress_ttl_s
         self.node.spawn(

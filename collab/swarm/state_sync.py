@@ -5,15 +5,26 @@ fall behind or join late (``Volunteer.sync``) and by peers that follow a run wit
 keeper, ``collab generate --coordinator``). A download is accepted only when the answer names this run's
 config version and method and the state's own sha256 equals the hash the peer announced; anything else
 is a :class:`StateRejected` with one line that says why, and the caller tries another peer.
+
+**Vouches.** The hash only proves that the bytes are what the source meant to send. A state is adopted
+only when more than one member of the run vouches for it (:class:`Vouches`): every volunteer's progress
+record, signed with its key, lists the latest (step, state hash) pairs its groups committed, and a
+committed group has at least two members, so an honest state is vouched for by the keys of its source and
+of a fellow member of the group that made it. A state fewer than two keys vouch for within
+``Timing.vouch_wait_s`` is rejected; one whose step other keys vouch for with another hash, and at most
+one key for its own, is forged (:class:`ForgedState`: its source is banned). Only when no other peer of
+the run is alive (or the run allows groups of one) is the source's word taken alone. A forger that holds
+two keys (two tokens of an invite-only run, or two identities of an open one) is not caught this way.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collab.methods.base import MethodState
-from collab.swarm.records import PeerStatus
+from collab.swarm.records import PeerStatus, progress_key
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode, TransportError
 
@@ -23,6 +34,10 @@ MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempt
 
 class StateRejected(RuntimeError):
     """A state download failed or its answer did not check out (one line)."""
+
+
+class ForgedState(StateRejected):
+    """Other members vouch for another state at the step the source served: the source lied."""
 
 
 @dataclass(frozen=True)
@@ -93,3 +108,60 @@ def alive_steps(alive: Mapping[str, object], *, exclude: str | None = None) -> l
         if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
             out.append((step, peer))
     return sorted(out, reverse=True)
+
+
+class Vouches:
+    """Checks that more than one member of the run vouches for a state (see the module docstring).
+
+    ``me``: this peer's key (its own records never vouch for what it downloads); ``alone_ok``: the run
+    allows groups of one, so a committed state may have no second voucher."""
+
+    def __init__(self, node: SwarmNode, run_id: str, timing: Timing, *, me: str, alone_ok: bool = False):
+        self.node, self.key, self.timing, self.me = node, progress_key(run_id), timing, me
+        self.alone_ok = alone_ok
+
+    def check(self, state: MethodState, source: str, alive: Mapping[str, object]) -> None:
+        """Return once two keys vouch for ``state`` (from ``source``); raise :class:`ForgedState` or
+        :class:`StateRejected` when they do not within ``Timing.vouch_wait_s``. ``alive``: the run's alive
+        view (with nobody but the source in it, the source's word is taken)."""
+        if self.alone_ok or not [p for _, p in alive_steps(alive) if p not in (source, self.me)]:
+            return
+        step, digest = state.step, state.hash()
+        deadline = time.monotonic() + self.timing.vouch_wait_s
+        while True:
+            support: set[str] = set()
+            conflicting: set[str] = set()
+            try:
+                records = self.node.get_dict(self.key, timeout_s=self.timing.dht_s)
+            except Exception:  # a slow DHT: look again until the deadline
+                records = {}
+            for voucher, record in records.items():  # one signed record per key
+                said = _vouched(record, step, exclude=self.me)
+                if said == digest:
+                    support.add(voucher)
+                elif said is not None:
+                    conflicting.add(voucher)
+            if len(support) >= 2:
+                return
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(min(self.timing.vouch_poll_s, max(0.0, deadline - time.monotonic())))
+        if conflicting:
+            raise ForgedState(
+                f"it served state {digest[:12]} at step {step}, which {len(support)} key(s) vouch for and "
+                f"{len(conflicting)} vouch against"
+            )
+        raise StateRejected(f"{len(support)} key(s) vouch for its state {digest[:12]} at step {step}, not 2")
+
+
+def _vouched(record: object, step: int, *, exclude: str) -> str | None:
+    """The state hash ``record`` vouches for at ``step`` (``None``: none, or ``exclude``'s record)."""
+    if not isinstance(record, dict) or record.get("peer") == exclude:
+        return None
+    states = record.get("states")
+    if not isinstance(states, list):
+        return None
+    for v in states:
+        if isinstance(v, dict) and v.get("step") == step and isinstance(v.get("hash"), str):
+            return str(v["hash"])
+    return None

@@ -31,6 +31,8 @@ class Timing:
     slot_horizon_s: float  # exchange bookkeeping older than this is dropped
     state_call_s: float  # a state download
     state_wait_s: float  # a thread waiting for the download
+    vouch_wait_s: float  # how long a downloaded state may wait for another member to vouch for it
+    vouch_poll_s: float  # how often the vouches are read meanwhile
     dht_s: float  # one DHT read or write
     view_wait_s: float  # at the start: how long to look for other peers before deciding to initialize
     tag_along_s: float | None  # past this, a device without a finished microbatch tags along (weight 0)
@@ -62,6 +64,9 @@ class Timing:
             slot_horizon_s=4 * sw.allreduce_timeout_s,
             state_call_s=sw.state_sync_timeout_s,
             state_wait_s=sw.state_sync_timeout_s + LOOP_MARGIN_S,
+            # a fellow member publishes its vouch right after the commit; allow for a few slow stores
+            vouch_wait_s=2 * sw.heartbeat_ttl_s,
+            vouch_poll_s=sw.heartbeat_interval_s / 2,
             dht_s=DHT_S,
             view_wait_s=3 * sw.heartbeat_interval_s,
             tag_along_s=tag_along,

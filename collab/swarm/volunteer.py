@@ -34,7 +34,7 @@ from collab.swarm.heartbeat import AliveView, Heartbeat
 from collab.swarm.matchmaking import StateMismatch
 from collab.swarm.records import PeerStatus
 from collab.swarm.reporting import EventLog, Reporter, ban_line
-from collab.swarm.state_sync import StateSource
+from collab.swarm.state_sync import StateSource, Vouches
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 from collab.tasks.base import Throttled
@@ -120,6 +120,9 @@ class Volunteer:
             aggregator=self.aggregator,
             source=StateSource(
                 config_version=self.config_version, method=self.method.name, timing=self.timing
+            ),
+            vouches=Vouches(
+                node, cfg.run_id, self.timing, me=node.peer_key, alone_ok=cfg.swarm.min_group_size < 2
             ),
             emit=self.log.emit,
             name=self.name,
@@ -230,6 +233,7 @@ class Volunteer:
         stats = self.aggregator.stats
         metric = float(self.task.metric(self.method.state.z))
         share = self.aggregator.reducer.last_share
+        state_hash = self.method.state.hash()
         self.reporter.progress(
             step=step,
             samples=self.samples,
@@ -239,11 +243,12 @@ class Volunteer:
             stats=stats,
             group_size=self.aggregator.last_group_size,
             round_share=share,
+            state_hash=state_hash,  # this peer vouches for the state its group committed
         )
         self.log.emit(
             step=step,
             samples_per_s=round(samples_per_s, 3),
-            hash=self.method.state.hash(),
+            hash=state_hash,
             metric=metric,
             group=self.aggregator.last_group_size,
             samples=self.method.last_samples,

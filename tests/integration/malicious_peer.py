@@ -6,7 +6,9 @@
 * ``scale``    - its parts are 1e6 times larger than honest ones;
 * ``index``    - its sparse parts carry an index past the end of the vector;
 * ``oversize`` - its parts are padded past the run's ``max_message_bytes``;
-* ``weight``   - its parts are honest but claim far more samples than its device can have computed.
+* ``weight``   - its parts are honest but claim far more samples than its device can have computed;
+* ``forge``    - it trains honestly, but says it is a few steps ahead (so peers that catch up ask it
+  first) and serves a forged state (perturbed parameters, with the hash of the forged bytes).
 
 Everything else - matchmaking, state, records - is the unmodified peer. Only tests start this.
 """
@@ -26,6 +28,7 @@ from collab.compression import CompressedMessage, MessageKind
 
 PAD_BYTES = 3 * 1024 * 1024  # tests set swarm.max_message_bytes below this
 CLAIM_FACTOR = 1e4  # a claimed weight this many times its real samples
+FORGE_AHEAD = 30  # steps a forger claims to be ahead of its real state (records lag by a beat)
 
 
 class _Padded(CompressedMessage):
@@ -58,7 +61,9 @@ def main(argv: Sequence[str]) -> int:
     def hostile_split(msg: CompressedMessage, n: int, layout: str | None = None) -> list[CompressedMessage]:
         return [tamper(p, mode) for p in honest_split(msg, n, layout)]
 
-    if mode == "weight":
+    if mode == "forge":
+        _forge_state()
+    elif mode == "weight":
         honest_reduce = allreduce.ExactReducer.reduce
 
         async def inflated(self: Any, group: Any, message: Any, weight: float, *rest: Any) -> Any:
@@ -70,6 +75,29 @@ def main(argv: Sequence[str]) -> int:
     from peers.cli import main as cli_main
 
     return cli_main(rest)
+
+
+def _forge_state() -> None:
+    import collab.swarm.catchup as catchup
+    import collab.swarm.volunteer as volunteer
+    from collab.methods.base import MethodState
+
+    honest_handle = catchup.StateService._handle
+    honest_record = volunteer.Volunteer._alive_record
+
+    async def forged(self: Any, header: Any, payload: bytes, remote: str) -> Any:
+        answer, blob = await honest_handle(self, header, payload, remote)
+        state = MethodState.from_bytes(blob)
+        state.z.add_(0.5)  # what a forger would like everyone to train from
+        return {**answer, "hash": state.hash()}, state.to_bytes()
+
+    def ahead(self: Any, status: Any = None) -> dict[str, object]:
+        record = honest_record(self, status)
+        step = record.get("step")
+        return {**record, "step": step + FORGE_AHEAD} if isinstance(step, int) and step >= 0 else record
+
+    catchup.StateService._handle = forged  # type: ignore[method-assign]
+    volunteer.Volunteer._alive_record = ahead  # type: ignore[method-assign]
 
 
 if __name__ == "__main__":

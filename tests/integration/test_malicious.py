@@ -115,3 +115,36 @@ def _check_run(
     shown = {b["peer"] for b in store.bans()}
     assert set(keys.values()) <= shown, f"monitor shows {shown}"
     assert store.banned_peers(time.time()) >= len(ATTACKS)
+
+
+@pytest.mark.timeout(300)
+def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) -> None:
+    """A member that trains honestly but serves a forged state (and says it is ahead, so that a late
+    joiner asks it first): the joiner finds that other members vouch for another state at that step,
+    bans it, and syncs from an honest peer; no honest peer ever adopts the forged state."""
+    steps = 2 * STEPS  # long enough that the joiner, which starts in seconds, finds the run going
+    # identical shards (heterogeneity 0): the joiner and the forger share device 2, so a round may hold
+    # that shard twice or, once the joiner bans the forger, in a group without it
+    task = {**CONFIG["task"], "heterogeneity": 0.0}  # type: ignore[dict-item]
+    path = swarm.write_config({**CONFIG, "run_id": "forged", "max_steps": steps, "task": task})
+    honest = [swarm.start(path, i) for i in range(2)]
+    forger = swarm.start(
+        path, 2, launcher=[sys.executable, "-m", "tests.integration.malicious_peer", "forge"]
+    )
+    swarm.wait_until(lambda: max(honest[0].steps(), default=0) >= 5, 150, "5 steps before the joiner")
+    joiner = swarm.start(path, 2)
+    summaries = [swarm.finish(p, timeout_s=240) for p in [*honest, joiner]]
+
+    assert len({s["hash"] for s in summaries}) == 1, summaries
+    assert all(s["step"] == steps for s in summaries)
+    assert summaries[0]["metric"] < CONFIG["target_rel_distance"], f"did not converge: {summaries[0]}"
+    line = next((x for x in forger.err.read_text().splitlines() if ": peer " in x), None)
+    assert line is not None, forger.err.read_text()[-1500:]
+    forger_key = line.split(": peer ", 1)[1].split(",", 1)[0]
+    for p in [*honest, joiner]:
+        synced = [r for r in p.records() if r.get("event") == "sync"]
+        assert not any(r["source"] == forger_key for r in synced), f"peer {p.index} took the forged state"
+    joined = [r for r in joiner.records() if r.get("event") == "sync"]
+    assert joined, "the late joiner never synchronized"
+    bans = [r for r in joiner.records() if r.get("event") == "ban" and r["banned"] == forger_key]
+    assert bans and "forged state" in bans[0]["reason"], [r for r in joiner.records() if "event" in r]

@@ -315,3 +315,17 @@ def test_claim_bounds_follow_each_members_published_device() -> None:
     # with a target batch the budget is the group's: 90 samples at 30 samples/s of slow + mid = 3 s
     target = ClaimBounds(SwarmConfig(round_time_s=5.0, target_batch_size=90), alive=lambda: alive)
     assert target(["slow", "mid"]) == {"slow": 8 + CLAIM_SLACK * 10 * 3.0, "mid": 8 + CLAIM_SLACK * 20 * 3.0}
+
+
+def test_settle_bans_leaves_out_the_accused_only_on_a_majority() -> None:
+    from collab.swarm.matchmaking import settle_bans
+
+    group = ["a", "b", "c", "d"]
+    assert settle_bans(group, {}, keep="a") == set()
+    # one peer bans a member: alone it cannot shut that member out, so it leaves itself
+    assert settle_bans(group, {"d": {"c"}}, keep="a") == {"d"}
+    # three of four ban the same member: it stays out
+    assert settle_bans(group, {"b": {"d"}, "c": {"d"}, "a": {"d"}}, keep="a") == {"d"}
+    # a peer that bans everyone shuts out only itself; the leader always stays
+    assert settle_bans(group, {"d": {"a", "b", "c"}}, keep="a") == {"d"}
+    assert settle_bans(group, {"b": {"a"}, "c": {"a"}, "d": {"a"}}, keep="a") == {"b", "c", "d"}
