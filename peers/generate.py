@@ -127,9 +127,7 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
     except KeeperError as e:
         raise GenerateError(str(e)) from None
     source = StateSource(config_version=cfg.version(), method=method.name, timing=Timing.of(cfg.swarm))
-    vouches = Vouches(
-        node, cfg.run_id, source.timing, me=node.peer_key, alone_ok=cfg.swarm.min_group_size < 2
-    )
+    vouches = Vouches(node, cfg.run_id, source.timing, alone_ok=cfg.swarm.min_group_size < 2)
     problems: list[str] = []
     try:
         # peers publish their alive records every heartbeat: a few heartbeats tell who is there

@@ -43,6 +43,7 @@ from collab.compression.partition import Layout, assemble, bounds, check_part, l
 from collab.compression.validate import check_finite, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
+from collab.swarm.agreement import Agreement, Statement, part_digest
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
@@ -102,6 +103,7 @@ class _Slot:
     own: tuple[CompressedMessage, float] | None = None
     total_weight: float = 0.0  # the samples behind this part's average (valid members only)
     result: asyncio.Future[tuple[bytes, dict[int, str]]] | None = None
+    statement: Statement | None = None  # this owner's signed word on the result (the same for everyone)
     created: float = field(default_factory=time.monotonic)
 
 
@@ -127,6 +129,7 @@ class ExactReducer:
         self.node, self.cfg, self._claims = node, cfg, claims
         self.timing = Timing.of(cfg)
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
+        self.agreement = Agreement(node=node, timing=self.timing, bans=self.bans)
         self._slots: dict[tuple[str, int], _Slot] = {}
         self.last_excluded: dict[str, str] = {}  # peer -> reason, for the latest completed round
         self.last_share = 0.0  # this member's weight / the samples behind its own part, latest round
@@ -175,7 +178,21 @@ class ExactReducer:
         result, excluded = await self._await_result(slot)
         if sender in excluded:
             raise ValueError(f"contribution rejected: {excluded[sender]}")
-        return {"ok": True, "excluded": {str(i): r for i, r in excluded.items()}}, result
+        dropped = {str(i): r for i, r in excluded.items()}
+        return {
+            "ok": True,
+            "excluded": dropped,
+            "statement": self._statement(slot, j, result).to_wire(),
+        }, result
+
+    def _statement(self, slot: _Slot, j: int, result: bytes) -> Statement:
+        """This owner's signed statement on part ``j``'s result (signed once, sent to every member)."""
+        if slot.statement is None:
+            assert slot.group is not None and slot.result is not None
+            _, excluded = slot.result.result()
+            dropped = {str(i): r for i, r in excluded.items()}
+            slot.statement = self.agreement.sign(part_digest(slot.group.group_id, j, result, dropped))
+        return slot.statement
 
     def _check(self, slot: _Slot, i: int) -> tuple[CompressedMessage, float]:
         """Member ``i``'s part, validated; raises ``ValueError`` with the reason it is rejected."""
@@ -324,10 +341,10 @@ class ExactReducer:
                 own.received.pop((i, remote))
         self._maybe_finish(own)
 
-        async def fetch(j: int) -> tuple[bytes, dict[str, str]]:
+        async def fetch(j: int) -> tuple[bytes, dict[str, str], Statement]:
             if j == me:
                 result, mine = await self._await_result(own)
-                return result, {str(i): r for i, r in mine.items()}
+                return result, {str(i): r for i, r in mine.items()}, self._statement(own, j, result)
             peer = group.peers[j]
             try:
                 answer, reduced = await self.node.call(
@@ -342,10 +359,10 @@ class ExactReducer:
                 raise RoundFailed(f"part {j}: {e}") from None
             except TransportError as e:
                 raise PeerUnreachable(peer, f"part {j} from {peer[-6:]}: {e}") from None
-            dropped = answer.get("excluded")
-            return reduced, (
-                {str(k): str(v) for k, v in dropped.items()} if isinstance(dropped, dict) else {}
-            )
+            raw = answer.get("excluded")
+            dropped = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+            digest = part_digest(group.group_id, j, reduced, dropped)
+            return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
         tasks = [asyncio.ensure_future(fetch(j)) for j in range(n)]
         try:
@@ -355,7 +372,7 @@ class ExactReducer:
                 t.cancel()
             raise
         reduced_parts = []
-        for j, (blob, _) in enumerate(answers):
+        for j, (blob, _, _) in enumerate(answers):
             # Everyone receives these same bytes, so everyone takes the same decision on them.
             expected = (MessageKind.SPARSE,) if layout == Layout.SPARSE else (MessageKind.DENSE,)
             try:
@@ -373,11 +390,16 @@ class ExactReducer:
         for j, why in outliers(rms, self.cfg.max_norm_ratio**2).items():
             self.bans.ban(group.peers[j], f"inflated reduced part: RMS {why}", group.round_id)
             raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is inflated: RMS {why}")
-        self.last_share = weight / own.total_weight if own.total_weight > 0 else 0.0
-        self.last_excluded = {
+        excluded_now = {
             group.peers[int(i)]: str(r)
-            for _, excluded in answers
+            for _, excluded, _ in answers
             for i, r in excluded.items()
             if str(i).isdigit() and int(i) < n
         }
+        # every member still in the round assembled these same parts, or nobody commits
+        await self.agreement.confirm(
+            group, [s for _, _, s in answers], dropped=set(excluded_now), mine=self.node.peer_key
+        )
+        self.last_share = weight / own.total_weight if own.total_weight > 0 else 0.0
+        self.last_excluded = excluded_now
         return assemble(reduced_parts, layout=layout, numel=message.numel, template=message)

@@ -29,7 +29,7 @@ from collab.swarm.timing import Timing
 
 RATE = "rate"  # the alive record's field: this peer's samples per second of computation (smoothed)
 MICROBATCH = "microbatch"  # the alive record's field: the samples of one of this peer's evaluations
-CLAIM_SLACK = 4.0  # a device may be this much faster than the rate it last published
+CLAIM_SLACK = 8.0  # a device may be this much faster than the rate it last published
 
 
 def published(record: object, name: str = RATE) -> float | None:

@@ -75,9 +75,7 @@ class ModelKeeper:
         self.source = StateSource(
             config_version=cfg.version(), method=method.name, timing=Timing.of(cfg.swarm)
         )
-        self.vouches = Vouches(
-            node, cfg.run_id, self.source.timing, me=node.peer_key, alone_ok=cfg.swarm.min_group_size < 2
-        )
+        self.vouches = Vouches(node, cfg.run_id, self.source.timing, alone_ok=cfg.swarm.min_group_size < 2)
         existing = kept_steps(self.folder)
         self.last_kept = existing[-1] if existing else -1  # a restarted keeper goes on where it stopped
         self._suspects: dict[str, float] = {}  # peer -> monotonic time until which it is skipped

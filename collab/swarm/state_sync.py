@@ -113,12 +113,18 @@ def alive_steps(alive: Mapping[str, object], *, exclude: str | None = None) -> l
 class Vouches:
     """Checks that more than one member of the run vouches for a state (see the module docstring).
 
-    ``me``: this peer's key (its own records never vouch for what it downloads); ``alone_ok``: the run
-    allows groups of one, so a committed state may have no second voucher."""
+    ``me``: this peer's key (its own records never vouch for what it downloads; default: the node's);
+    ``alone_ok``: the run allows groups of one, so a committed state may have no second voucher."""
 
-    def __init__(self, node: SwarmNode, run_id: str, timing: Timing, *, me: str, alone_ok: bool = False):
-        self.node, self.key, self.timing, self.me = node, progress_key(run_id), timing, me
+    def __init__(
+        self, node: SwarmNode, run_id: str, timing: Timing, *, me: str | None = None, alone_ok: bool = False
+    ):
+        self.node, self.key, self.timing, self._me = node, progress_key(run_id), timing, me
         self.alone_ok = alone_ok
+
+    @property
+    def me(self) -> str:
+        return self._me if self._me is not None else self.node.peer_key
 
     def check(self, state: MethodState, source: str, alive: Mapping[str, object]) -> None:
         """Return once two keys vouch for ``state`` (from ``source``); raise :class:`ForgedState` or

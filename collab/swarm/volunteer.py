@@ -41,6 +41,7 @@ from collab.tasks.base import Throttled
 from collab.tasks.build import build_task
 
 logger = logging.getLogger(__name__)
+RATE_WARMUP_STEPS = 3
 
 __all__ = ["ConfigMismatch", "CoordinatorBeacon", "Volunteer"]
 
@@ -75,6 +76,7 @@ class Volunteer:
         self.stop_event = threading.Event()
         self.samples = 0
         self.rate: float | None = None  # samples per second of computation, smoothed (published)
+        self._rate_steps = 0  # steps measured; the rate is published after RATE_WARMUP_STEPS of them
         self._last_step_time = time.monotonic()
         self._failures_in_row = 0
 
@@ -121,9 +123,7 @@ class Volunteer:
             source=StateSource(
                 config_version=self.config_version, method=self.method.name, timing=self.timing
             ),
-            vouches=Vouches(
-                node, cfg.run_id, self.timing, me=node.peer_key, alone_ok=cfg.swarm.min_group_size < 2
-            ),
+            vouches=Vouches(node, cfg.run_id, self.timing, alone_ok=cfg.swarm.min_group_size < 2),
             emit=self.log.emit,
             name=self.name,
         )
@@ -162,7 +162,9 @@ class Volunteer:
             "status": (status or self.status).value,
             "name": self.name,
             "version": self.config_version,  # the majority check of peers without a coordinator reads it
-            RATE: self.rate,  # fellow members size target-batch rounds by it, and bound our claims
+            # fellow members size target-batch rounds by it, and bound our claims: not before it has
+            # settled (the first evaluations of a model are slow)
+            RATE: self.rate if self._rate_steps >= RATE_WARMUP_STEPS else None,
             MICROBATCH: self.method.workers[0].operator.weight,  # the samples of one evaluation
         }
 
@@ -227,6 +229,7 @@ class Volunteer:
         if batch > 0 and self.method.last_compute_s > 0:
             rate = batch / self.method.last_compute_s
             self.rate = rate if self.rate is None else 0.7 * self.rate + 0.3 * rate
+            self._rate_steps += 1
         elif batch == 0 and self.rate is not None:  # tagged along: slower than we said
             self.rate *= 0.5
         samples_per_s = batch / elapsed if elapsed > 0 else 0.0

@@ -7,6 +7,8 @@
 * ``index``    - its sparse parts carry an index past the end of the vector;
 * ``oversize`` - its parts are padded past the run's ``max_message_bytes``;
 * ``weight``   - its parts are honest but claim far more samples than its device can have computed;
+* ``split``    - as a part owner, it sends a slightly different version of its part (each one signed) to
+  half of the members;
 * ``forge``    - it trains honestly, but says it is a few steps ahead (so peers that catch up ask it
   first) and serves a forged state (perturbed parameters, with the hash of the forged bytes).
 
@@ -63,6 +65,8 @@ def main(argv: Sequence[str]) -> int:
 
     if mode == "forge":
         _forge_state()
+    elif mode == "split":
+        _split_parts()
     elif mode == "weight":
         honest_reduce = allreduce.ExactReducer.reduce
 
@@ -75,6 +79,23 @@ def main(argv: Sequence[str]) -> int:
     from peers.cli import main as cli_main
 
     return cli_main(rest)
+
+
+def _split_parts() -> None:
+    from collab.swarm.agreement import part_digest
+
+    honest_handle = allreduce.ExactReducer._handle_part
+
+    async def split(self: Any, header: Any, payload: bytes, remote: str) -> Any:
+        answer, blob = await honest_handle(self, header, payload, remote)
+        if int(header["sender"]) % 2 == 0:
+            part = CompressedMessage.from_bytes(blob)
+            blob = replace(part, values=part.values * 1.001 + 1e-6).to_bytes()
+            digest = part_digest(str(header["group_id"]), int(header["part"]), blob, answer["excluded"])
+            answer = {**answer, "statement": self.agreement.sign(digest).to_wire()}
+        return answer, blob
+
+    allreduce.ExactReducer._handle_part = split  # type: ignore[method-assign]
 
 
 def _forge_state() -> None:

@@ -1,7 +1,8 @@
-"""Hostile peers: NaNs, 1e6-times values, an out-of-range index, an oversized message, inflated samples.
+"""Hostile peers: NaNs, 1e6-times values, an out-of-range index, an oversized message, inflated samples,
+a part owner that sends different members different parts; and a peer that serves a forged state.
 
 Three honest volunteers (devices 0-2) train the bilinear problem with MASHA1 and per-device Rand-k
-(sparse parts, so indices travel); five malicious volunteers join the same run, one per attack, each
+(sparse parts, so indices travel); six malicious volunteers join the same run, one per attack, each
 claiming an honest device's shard. Every honest part owner checks the parts it receives, drops the bad
 ones and bans their senders; the round in which that happens may fail (a malicious owner's share of
 the aggregate is bad too) and is redone without them. The honest peers must end with identical states
@@ -30,6 +31,7 @@ ATTACKS = {
     "index": "indices",
     "oversize": "exceeds the limit",
     "weight": "can have done",
+    "split": "signed two different versions",
 }
 
 CONFIG = {
