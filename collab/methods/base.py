@@ -296,6 +296,7 @@ class Method(ABC):
 
     name: str = "method"
     error_feedback: bool = False  # whether devices keep error-feedback buffers (MASHA2)
+    local_start: bool = False  # the initial state needs no round: every peer computes the same one
 
     def __init__(
         self,

@@ -21,6 +21,7 @@ class ExtraGradient(Method):
     """``ExtraGradient(z0=..., workers=..., aggregator=..., gamma=..., seed=...)`` (Korpelevich 1976)."""
 
     name = "extragradient"
+    local_start = True
 
     def _initial_state(self) -> MethodState:
         z = self.project(self._z0.clone())

@@ -77,8 +77,11 @@ class Catchup:
         return self.method.state.step if self.method.state is not None else -1
 
     def peers_ahead(self) -> list[tuple[int, str]]:
+        """Peers ahead of us, most advanced first. A method whose initial state needs no round computes it
+        itself rather than download it (and vouches for it like everyone else)."""
         view = self.aggregator.matchmaker.alive_peers
-        return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > self.step]
+        floor = 0 if self.method.local_start and self.step < 0 else self.step
+        return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > floor]
 
     def sync(self, source: str | None = None) -> bool:
         """Download the state of the most advanced peer ahead of us (or of ``source``, even at our step);

@@ -434,11 +434,11 @@ class Matchmaker:
             if time.monotonic() > give_up:
                 r.joiners.pop(remote, None)
                 return {"status": JoinStatus.TIMEOUT.value}, b""
+        if remote in r.mismatched:  # whether or not the group held without it
+            return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if r.group.exception() is not None:
             return {"status": JoinStatus.FAILED.value}, b""
         group = r.group.result()
-        if remote in r.mismatched:
-            return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if remote in r.conflicts:
             return {"status": JoinStatus.CONFLICT.value}, b""
         if remote not in group.peers:

@@ -193,7 +193,8 @@ class Volunteer:
             try:
                 if self.method.state is None:
                     self.method.initialize()
-                    self.log.emit(event="initialized", step=0, hash=self._state_hash())
+                    _, state_hash = self._report(0, 0.0)  # a joiner may sync to the initial state
+                    self.log.emit(event="initialized", step=0, hash=state_hash)
                     continue
                 report = self.method.step()
             except RoundFailed as e:
@@ -234,20 +235,8 @@ class Volunteer:
             self.rate *= 0.5
         samples_per_s = batch / elapsed if elapsed > 0 else 0.0
         stats = self.aggregator.stats
-        metric = float(self.task.metric(self.method.state.z))
         share = self.aggregator.reducer.last_share
-        state_hash = self.method.state.hash()
-        self.reporter.progress(
-            step=step,
-            samples=self.samples,
-            samples_per_s=samples_per_s,
-            metric=metric,
-            metric_name=self.task.metric_name,
-            stats=stats,
-            group_size=self.aggregator.last_group_size,
-            round_share=share,
-            state_hash=state_hash,  # this peer vouches for the state its group committed
-        )
+        metric, state_hash = self._report(step, samples_per_s)
         self.log.emit(
             step=step,
             samples_per_s=round(samples_per_s, 3),
@@ -263,6 +252,25 @@ class Volunteer:
             wire_sent=stats.wire_bytes_sent,
             wire_received=stats.wire_bytes_received,
         )
+
+    def _report(self, step: int, samples_per_s: float) -> tuple[float, str]:
+        """Publish the progress record of a state this peer's group committed (it vouches for that
+        state: see :class:`~collab.swarm.state_sync.Vouches`); returns the metric and the state hash."""
+        assert self.method.state is not None
+        metric = float(self.task.metric(self.method.state.z))
+        state_hash = self.method.state.hash()
+        self.reporter.progress(
+            step=step,
+            samples=self.samples,
+            samples_per_s=samples_per_s,
+            metric=metric,
+            metric_name=self.task.metric_name,
+            stats=self.aggregator.stats,
+            group_size=self.aggregator.last_group_size,
+            round_share=self.aggregator.reducer.last_share,
+            state_hash=state_hash,
+        )
+        return metric, state_hash
 
     def load_checkpoint(self, path: str | Path) -> bool:
         """Start from the checkpoint at ``path`` (before :meth:`run`); ``False`` if there is none.

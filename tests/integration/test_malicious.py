@@ -24,7 +24,7 @@ from monitor.service import Monitor
 from monitor.store import MonitorStore
 from tests.integration.swarm_harness import Peer, Swarm
 
-STEPS = 120
+STEPS = 100
 ATTACKS = {
     "nan": "non-finite",
     "scale": "norm",
@@ -39,7 +39,7 @@ CONFIG = {
     "seed": 11,
     "num_devices": 3,
     "max_steps": STEPS,
-    "target_rel_distance": 1.0e-6,
+    "target_rel_distance": 1.0e-5,
     "task": {"name": "bilinear", "dim": 40, "reg_lambda": 0.5},
     "method": {
         "name": "masha1",
@@ -124,7 +124,7 @@ def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) ->
     """A member that trains honestly but serves a forged state (and says it is ahead, so that a late
     joiner asks it first): the joiner finds that other members vouch for another state at that step,
     bans it, and syncs from an honest peer; no honest peer ever adopts the forged state."""
-    steps = 2 * STEPS  # long enough that the joiner, which starts in seconds, finds the run going
+    steps = 160  # long enough that the joiner, which starts in seconds, finds the run going
     # identical shards (heterogeneity 0): the joiner and the forger share device 2, so a round may hold
     # that shard twice or, once the joiner bans the forger, in a group without it
     task = {**CONFIG["task"], "heterogeneity": 0.0}  # type: ignore[dict-item]
@@ -133,7 +133,7 @@ def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) ->
     forger = swarm.start(
         path, 2, launcher=[sys.executable, "-m", "tests.integration.malicious_peer", "forge"]
     )
-    swarm.wait_until(lambda: max(honest[0].steps(), default=0) >= 5, 150, "5 steps before the joiner")
+    swarm.wait_until(lambda: max(honest[0].steps(), default=0) >= 1, 150, "a first step before the joiner")
     joiner = swarm.start(path, 2)
     summaries = [swarm.finish(p, timeout_s=240) for p in [*honest, joiner]]
 
