@@ -14,9 +14,8 @@ from typing import Any
 from fastapi import FastAPI, HTTPException, Query
 from fastapi.responses import FileResponse, HTMLResponse
 
-from collab import gallery
+from collab import gallery, http_limits
 from monitor.service import Monitor
-from peers import http_limits
 
 STATIC = Path(__file__).resolve().parent / "static"
 

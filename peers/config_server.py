@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Any
 from fastapi import FastAPI, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from collab import __version__
+from collab import __version__, http_limits
 from collab.config import RunConfig
-from peers import http_limits
 
 if TYPE_CHECKING:  # the access module imports hivemind; the monitor imports this file without it
     from collab.swarm.access import TokenIssuer

@@ -227,6 +227,21 @@ class Matchmaker:
     def _live_count(self) -> int:
         return len(self._expected()) or 1
 
+    def _could_come(self, round_id: str) -> int:
+        """Expected peers (not this one) that may still join ``round_id``: those whose alive record is not
+        past the round's step (a record without a step counts)."""
+        try:
+            step = int(round_id.split(".", 1)[0])
+        except ValueError:
+            return len(self._expected())
+        me = self.node.peer_key
+        count = 0
+        for p in self._expected():
+            rec_step = self.alive_peers.get(p, {}).get("step")
+            if p != me and not (isinstance(rec_step, int) and rec_step > step):
+                count += 1
+        return count
+
     def remember_group(self, members: Iterable[str]) -> None:
         """The group of ``members`` committed a round: the next may take the steady-state path (empty:
         a round failed, the next looks for its group the usual way)."""
@@ -358,8 +373,17 @@ class Matchmaker:
             # too few for a round yet: a member finishing its last microbatch may still come, so wait
             # (up to the deadline) rather than fail a round that a retry would then have to redo
             enough = size >= self.cfg.min_group_size
-            settled = now - start >= self.cfg.min_matchmaking_time_s and all_announced_joined and enough
-            if (target is not None and size >= target) or everyone_here or settled or now >= deadline:
+            waited = now - start >= self.cfg.min_matchmaking_time_s
+            settled = waited and all_announced_joined and enough
+            # this peer is behind: the others' alive records are past this round, and nobody will come
+            behind = waited and not enough and self._could_come(round_id) + 1 < self.cfg.min_group_size
+            if (
+                (target is not None and size >= target)
+                or everyone_here
+                or settled
+                or behind
+                or now >= deadline
+            ):
                 break
             r.changed.clear()
             with contextlib.suppress(TimeoutError):

@@ -1,7 +1,7 @@
 """Fuzzing the HTTP edges: the config server and the monitor's dashboard, over real sockets.
 
 Both real apps run in this process on 127.0.0.1 (port 0) under uvicorn with the limits `collab`
-serves them with (peers/http_limits.py); the monitor has a real MonitorStore on a temporary SQLite file
+serves them with (collab/http_limits.py); the monitor has a real MonitorStore on a temporary SQLite file
 and a record source that holds no records. Then: random well-formed requests (methods, paths, query
 strings, headers, bodies: invalid JSON, random bytes, chunked), mutated request heads, and hostile
 cases (1 MB bodies, oversized URLs and headers, bad framing, truncated requests, pipelining), while
@@ -29,12 +29,12 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
+from collab import http_limits
 from collab.config import load_config
 from collab.gallery import add_entry
 from monitor.app import build_app as build_dashboard
 from monitor.service import Monitor
 from monitor.store import MonitorStore
-from peers import http_limits
 from peers.config_server import bind, build_app, serve_in_thread
 from tests.conftest import CONFIGS
 
@@ -83,7 +83,7 @@ def servers(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Servers]:
     add_entry(gallery_dir, 1, [("a red ring top left on black", PNG, 1, 0)])
     monitor = Monitor(cfg, NoRecords(), store, poll_interval_s=0.5).start()
     errors = _ErrorLog()
-    watched = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn", "peers.http_limits")]
+    watched = [logging.getLogger(name) for name in ("uvicorn.error", "uvicorn", "collab.http_limits")]
     running = []
     try:
         for app in (
