@@ -18,7 +18,10 @@ other. The statements name who split: a member that holds, under the key owner `
 signatures of ``j`` over different digests of part ``j`` bans ``j`` (it signed two different parts); a
 member whose answer claims a digest without a valid statement of that owner is banned (it lied about what
 it received). An owner that gave different members different keys is not attributable: the round fails
-and nobody is banned. A member that does not answer fails the round (it may have died).
+and nobody is banned. A member that does not answer fails the round for whoever asked it (it may have
+died after answering others, who then commit): a member left :class:`Unconfirmed` first waits to see
+whether any fellow member moves ahead, and then takes its state instead of redoing the step in another
+group (which would split the swarm's lineage).
 
 Cost per member and round: ``n - 1`` small calls (one digest and one 64-byte signature per part), one
 signature and ``n`` verifications.
@@ -52,6 +55,15 @@ _DOMAIN = b"collab-part-v1|"
 
 class SplitRound(RoundFailed):
     """Members of a round assembled different aggregates; nobody commits."""
+
+
+class Unconfirmed(RoundFailed):
+    """A member of the round did not answer the confirmation: those it did answer may have committed.
+    ``peers``: the round's other members (see ``Catchup.after_unconfirmed``)."""
+
+    def __init__(self, message: str, peers: Sequence[str]) -> None:
+        super().__init__(message)
+        self.peers = list(peers)
 
 
 def part_digest(group_id: str, j: int, blob: bytes, excluded: Mapping[str, str]) -> str:
@@ -151,7 +163,7 @@ class Agreement:
                     peer, CONFIRM, {"group_id": group.group_id}, timeout_s=self.timing.part_call_s
                 )
             except TransportError as e:
-                raise RoundFailed(f"no confirmation from {peer[-6:]}: {e}") from None
+                raise Unconfirmed(f"no confirmation from {peer[-6:]}: {e}", others) from None
             return peer, answer.get("parts")
 
         tasks = [asyncio.ensure_future(ask(p)) for p in others]

@@ -9,6 +9,7 @@ rounds) or of a round's leader that holds another state at the same step, checks
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable
 
 from collab.methods.base import Method
@@ -82,6 +83,19 @@ class Catchup:
         view = self.aggregator.matchmaker.alive_peers
         floor = 0 if self.method.local_start and self.step < 0 else self.step
         return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > floor]
+
+    def after_unconfirmed(self, peers: list[str], stop: Callable[[float], bool]) -> bool:
+        """A confirmation went unanswered, so some of ``peers`` may have committed the round: wait (up to
+        ``Timing.unconfirmed_s``, or until ``stop(seconds)`` says to stop) for one of them to show a step
+        past ours in the alive view, and take its state. ``False`` when none moves ahead."""
+        deadline = time.monotonic() + self.source.timing.unconfirmed_s
+        members = set(peers)
+        while time.monotonic() < deadline:
+            if any(p in members for _, p in self.peers_ahead()):
+                return self.sync()
+            if stop(self.source.timing.vouch_poll_s):
+                return False
+        return False
 
     def sync(self, source: str | None = None) -> bool:
         """Download the state of the most advanced peer ahead of us (or of ``source``, even at our step);

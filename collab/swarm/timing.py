@@ -33,6 +33,7 @@ class Timing:
     state_wait_s: float  # a thread waiting for the download
     vouch_wait_s: float  # how long a downloaded state may wait for another member to vouch for it
     vouch_poll_s: float  # how often the vouches are read meanwhile
+    unconfirmed_s: float  # after a confirmation went unanswered: how long to look for members that committed
     dht_s: float  # one DHT read or write
     view_wait_s: float  # at the start: how long to look for other peers before deciding to initialize
     tag_along_s: float | None  # past this, a device without a finished microbatch tags along (weight 0)
@@ -60,13 +61,16 @@ class Timing:
             matchmaking_horizon_s=4 * sw.matchmaking_timeout_s,
             allreduce_s=sw.allreduce_timeout_s,
             part_call_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S,
-            reduce_wait_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S + LOOP_MARGIN_S,
+            # the exchange, then the confirmation (each at most a part call)
+            reduce_wait_s=2 * (sw.allreduce_timeout_s + UPLOAD_MARGIN_S) + LOOP_MARGIN_S,
             slot_horizon_s=4 * sw.allreduce_timeout_s,
             state_call_s=sw.state_sync_timeout_s,
             state_wait_s=sw.state_sync_timeout_s + LOOP_MARGIN_S,
             # a fellow member publishes its vouch right after the commit; allow for a few slow stores
             vouch_wait_s=2 * sw.heartbeat_ttl_s,
             vouch_poll_s=sw.heartbeat_interval_s / 2,
+            # the others' confirmations resolve within a part call; their alive records follow a beat later
+            unconfirmed_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S + 2 * sw.heartbeat_interval_s,
             dht_s=DHT_S,
             view_wait_s=3 * sw.heartbeat_interval_s,
             tag_along_s=tag_along,

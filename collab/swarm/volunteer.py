@@ -25,6 +25,7 @@ from collab.config import RunConfig
 from collab.methods.base import Method, RoundFailed
 from collab.methods.build import build_method
 from collab.swarm.aggregator import SwarmAggregator
+from collab.swarm.agreement import Unconfirmed
 from collab.swarm.bans import BanEvent
 from collab.swarm.budget import MICROBATCH, RATE, RoundBudget
 from collab.swarm.catchup import Catchup, StateService
@@ -208,6 +209,8 @@ class Volunteer:
                 adopted = False
                 if isinstance(e, StateMismatch):  # two groups once committed this step apart
                     adopted = self.catchup.resolve_mismatch(e.peer)
+                elif isinstance(e, Unconfirmed):  # others may have committed: never redo it apart
+                    adopted = self.catchup.after_unconfirmed(e.peers, self.stop_event.wait)
                 if adopted or self.catchup.sync():
                     last_progress = time.monotonic()
                 else:
