@@ -52,7 +52,8 @@ def test_throttled_volunteer_contributes_every_round_and_states_agree(swarm: Swa
     samples = [[r["samples"] for r in recs] for recs in records]
     assert all(s % 4 == 0 for s in samples[0]), samples[0]
     # a busy machine can push its microbatch past the round's deadline now and then: it then tags along
-    assert sum(s > 0 for s in samples[0]) >= 0.75 * STEPS, f"the slow peer's samples count: {samples[0]}"
+    # (quiet: 0-1 of 12 rounds; inside the busy full suite once 4 of 12)
+    assert sum(s > 0 for s in samples[0]) >= 0.5 * STEPS, f"the slow peer's samples count: {samples[0]}"
     assert all(s % 16 == 0 for s in samples[1]) and all(s % 8 == 0 for s in samples[2])
     # the unthrottled peer with 4x the batch computes far more samples per round than the throttled one
     assert statistics.mean(samples[1]) > 2 * statistics.mean(samples[0]), samples
