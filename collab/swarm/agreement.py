@@ -45,7 +45,7 @@ from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, SwarmNode, TransportError
+from collab.swarm.transport import Header, SwarmNode, TransportError, gather_all
 
 logger = logging.getLogger(__name__)
 
@@ -166,13 +166,7 @@ class Agreement:
                 raise Unconfirmed(f"no confirmation from {peer[-6:]}: {e}", others) from None
             return peer, answer.get("parts")
 
-        tasks = [asyncio.ensure_future(ask(p)) for p in others]
-        try:
-            answers = await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            raise
+        answers = await gather_all([ask(p) for p in others])
         split = [(peer, listed) for peer, listed in answers if not self._same(statements, listed)]
         if not split:
             return

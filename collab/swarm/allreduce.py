@@ -47,7 +47,7 @@ from collab.swarm.agreement import Agreement, Statement, part_digest
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError
+from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError, gather_all
 
 logger = logging.getLogger(__name__)
 
@@ -364,13 +364,7 @@ class ExactReducer:
             digest = part_digest(group.group_id, j, reduced, dropped)
             return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
-        tasks = [asyncio.ensure_future(fetch(j)) for j in range(n)]
-        try:
-            answers = await asyncio.gather(*tasks)
-        except BaseException:
-            for t in tasks:
-                t.cancel()
-            raise
+        answers = await gather_all([fetch(j) for j in range(n)])
         reduced_parts = []
         for j, (blob, _, _) in enumerate(answers):
             # Everyone receives these same bytes, so everyone takes the same decision on them.

@@ -369,6 +369,18 @@ def _ensure_identity(path: str) -> None:
     os.replace(tmp, target)
 
 
+async def gather_all(coros: Sequence[Coroutine[Any, Any, T]]) -> list[T]:
+    """Run ``coros`` concurrently and return their results in order; if one fails (or the caller is
+    cancelled), cancel the others and raise."""
+    tasks = [asyncio.ensure_future(c) for c in coros]
+    try:
+        return list(await asyncio.gather(*tasks))
+    except BaseException:
+        for t in tasks:
+            t.cancel()
+        raise
+
+
 async def _as_coroutine(aw: Awaitable[T]) -> T:
     return await aw
 
