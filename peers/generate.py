@@ -118,6 +118,7 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
         raise GenerateError(str(e)) from None
     if cfg.task.name != "text2image":
         raise GenerateError(f"--coordinator: run {cfg.run_id} trains task {cfg.task.name}, not text2image")
+    from collab.swarm.records import alive_key, parse_alive
     from collab.swarm.state_sync import StateRejected, StateSource, Vouches, alive_steps, download_state
     from collab.swarm.timing import Timing
 
@@ -133,7 +134,7 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
         # peers publish their alive records every heartbeat: a few heartbeats tell who is there
         for _ in range(max(3, int(3 * cfg.swarm.heartbeat_ttl_s / cfg.swarm.heartbeat_interval_s))):
             try:
-                alive = node.get_dict(f"{cfg.run_id}_alive", timeout_s=source.timing.dht_s)
+                alive = parse_alive(node.get_dict(alive_key(cfg.run_id), timeout_s=source.timing.dht_s))
             except Exception as e:  # hivemind reports a slow DHT in several ways: look again
                 problems.append(f"the DHT did not answer: {e}")
                 alive = {}

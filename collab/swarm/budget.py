@@ -20,31 +20,24 @@ fast device is never banned for being fast: its published rate says it is.
 
 from __future__ import annotations
 
-import math
 import statistics
 from collections.abc import Callable, Mapping, Sequence
 
 from collab.config import SwarmConfig
+from collab.swarm.records import AliveRecord
 from collab.swarm.timing import Timing
 
-RATE = "rate"  # the alive record's field: this peer's samples per second of computation (smoothed)
-MICROBATCH = "microbatch"  # the alive record's field: the samples of one of this peer's evaluations
 CLAIM_SLACK = 8.0  # a device may be this much faster than the rate it last published
 
 
-def published(record: object, name: str = RATE) -> float | None:
-    """The positive finite number an alive record publishes under ``name``, if it is a usable one."""
-    if not isinstance(record, dict):
-        return None
-    value = record.get(name)
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        return None
-    return float(value) if math.isfinite(value) and value > 0 else None
+def published_rate(record: AliveRecord | None) -> float | None:
+    """The rate an alive record publishes, if any."""
+    return None if record is None else record.rate
 
 
-def published_rate(record: object) -> float | None:
-    """The rate an alive record publishes, if it is a usable one."""
-    return published(record, RATE)
+def published_microbatch(record: AliveRecord | None) -> float | None:
+    """The microbatch an alive record publishes, if any."""
+    return None if record is None else record.microbatch
 
 
 def capped(values: Mapping[str, float | None], ratio: float | None) -> dict[str, float | None]:
@@ -58,7 +51,7 @@ def capped(values: Mapping[str, float | None], ratio: float | None) -> dict[str,
 
 
 def group_rate(
-    members: Sequence[str], alive: Mapping[str, object], *, ratio: float | None = None
+    members: Sequence[str], alive: Mapping[str, AliveRecord], *, ratio: float | None = None
 ) -> float | None:
     """The summed rate of ``members`` (each capped at ``ratio`` times the lower median, if given); a
     member without a published rate counts at the others' median. ``None`` when no member has one."""
@@ -72,7 +65,7 @@ def group_rate(
 
 def round_seconds(
     members: Sequence[str],
-    alive: Mapping[str, object],
+    alive: Mapping[str, AliveRecord],
     *,
     round_time_s: float,
     target_batch_size: int | None,
@@ -94,13 +87,13 @@ class ClaimBounds:
     record publishes what the bound needs (without a round budget: the microbatch alone; with one, also
     the rate); the others are left to the group-median check."""
 
-    def __init__(self, cfg: SwarmConfig, alive: Callable[[], Mapping[str, object]]) -> None:
+    def __init__(self, cfg: SwarmConfig, alive: Callable[[], Mapping[str, AliveRecord]]) -> None:
         self.cfg, self._alive = cfg, alive
 
     def __call__(self, members: Sequence[str]) -> dict[str, float]:
         alive = self._alive()
         ratio = self.cfg.max_weight_ratio
-        batches = capped({p: published(alive.get(p), MICROBATCH) for p in members}, ratio)
+        batches = capped({p: published_microbatch(alive.get(p)) for p in members}, ratio)
         if self.cfg.round_time_s is None:  # one microbatch per member and round
             return {p: b for p, b in batches.items() if b is not None}
         rates = capped({p: published_rate(alive.get(p)) for p in members}, ratio)
@@ -132,7 +125,7 @@ class RoundBudget:
         target_batch_size: int | None,
         timing: Timing,
         members: Callable[[], list[str]],
-        alive: Callable[[], Mapping[str, object]],
+        alive: Callable[[], Mapping[str, AliveRecord]],
         ratio: float | None = None,
     ) -> None:
         self.round_time_s, self.target, self.ratio = round_time_s, target_batch_size, ratio

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
-from collab.swarm.records import PeerStatus
+from collab.swarm.records import AliveRecord, PeerStatus
 
 
 class ConfigMismatch(RuntimeError):
@@ -20,12 +20,8 @@ class ConfigGuard:
     def __init__(self, me: str, version: str) -> None:
         self.me, self.version = me, version
 
-    def check(self, alive: Mapping[str, object]) -> None:
-        versions = [
-            (rec.get("version"), rec.get("status"))
-            for p, rec in alive.items()
-            if p != self.me and isinstance(rec, dict) and isinstance(rec.get("version"), str)
-        ]
+    def check(self, alive: Mapping[str, AliveRecord]) -> None:
+        versions = [(rec.version, rec.status) for p, rec in alive.items() if p != self.me and rec.version]
         coordinator = [v for v, status in versions if status == PeerStatus.COORDINATOR]
         others = [v for v, status in versions if status != PeerStatus.COORDINATOR]
         if coordinator:

@@ -1,9 +1,9 @@
 """Liveness: a peer's alive record, stored again every beat, and the view of who else is alive.
 
-Every ``heartbeat_interval_s`` a peer stores its record (``{step, device, status, name, version, rate}``
-for a volunteer; the coordinator's names the run's config version) under ``{run_id}_alive`` (subkey: its
-peer key) with a ``heartbeat_ttl_s`` expiration, and reads everyone's back. A record that expires means
-the peer left; a peer that leaves cleanly stores a last record with status ``left``.
+Every ``heartbeat_interval_s`` a peer stores its :class:`~collab.swarm.records.AliveRecord` (the
+coordinator's names the run's config version) under ``{run_id}_alive`` (subkey: its peer key) with a
+``heartbeat_ttl_s`` expiration, and reads everyone's back. A record that expires means the peer left; a
+peer that leaves cleanly stores a last record with status ``left``; a malformed record is not counted.
 """
 
 from __future__ import annotations
@@ -15,17 +15,15 @@ from collections.abc import Callable
 from hivemind.utils import get_dht_time
 
 from collab.config import SwarmConfig
-from collab.swarm.records import PeerStatus
+from collab.swarm.records import AliveRecord, alive_key, parse_alive
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 
 logger = logging.getLogger(__name__)
 
-AliveView = dict[str, dict[str, object]]
+AliveView = dict[str, AliveRecord]
 
-
-def alive_key(run_id: str) -> str:
-    return f"{run_id}_alive"
+__all__ = ["AliveView", "Heartbeat", "alive_key"]
 
 
 class Heartbeat:
@@ -38,7 +36,7 @@ class Heartbeat:
         node: SwarmNode,
         run_id: str,
         cfg: SwarmConfig,
-        record: Callable[[], dict[str, object]],
+        record: Callable[[], AliveRecord],
         on_view: Callable[[AliveView], None] | None = None,
         name: str = "collab-heartbeat",
     ) -> None:
@@ -59,10 +57,10 @@ class Heartbeat:
                 logger.debug("heartbeat failed: %s", e)
             self._stop.wait(self.cfg.heartbeat_interval_s)
 
-    def publish(self, record: dict[str, object] | None = None) -> None:
+    def publish(self, record: AliveRecord | None = None) -> None:
         """Store ``record`` (default: the current one) now."""
         expiration = get_dht_time() + self.cfg.heartbeat_ttl_s
-        value = record if record is not None else self.record()
+        value = (record if record is not None else self.record()).to_wire()
         self.node.run(
             self.node.dht_store(self.key, self.node.peer_key, value, expiration), timeout_s=self.timing.dht_s
         )
@@ -70,12 +68,12 @@ class Heartbeat:
     def refresh(self) -> AliveView:
         """Read the alive records now; hands the view to ``on_view`` and returns it."""
         alive = self.node.run(self.node.dht_get_dict(self.key), timeout_s=self.timing.dht_s)
-        view = {p: v for p, v in alive.items() if isinstance(v, dict) and v.get("status") != PeerStatus.LEFT}
+        view = parse_alive(alive)
         if self.on_view is not None:
             self.on_view(view)
         return view
 
-    def stop(self, *, last: dict[str, object] | None = None) -> None:
+    def stop(self, *, last: AliveRecord | None = None) -> None:
         """Stop beating; store ``last`` (e.g. status ``left``) if given."""
         self._stop.set()
         self._thread.join(timeout=5.0)

@@ -26,6 +26,7 @@ from pathlib import Path
 from collab.config import RunConfig
 from collab.methods.base import Method, MethodState
 from collab.methods.checkpoint import encode_checkpoint, write_checkpoint
+from collab.swarm.records import alive_key, parse_alive
 from collab.swarm.state_sync import StateRejected, StateSource, Vouches, alive_steps, download_state
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
@@ -90,7 +91,9 @@ class ModelKeeper:
         """Look at the run once; download, check and keep a state if one is due. The kept state or
         ``None``."""
         try:
-            alive = self.node.get_dict(f"{self.cfg.run_id}_alive", timeout_s=self.source.timing.dht_s)
+            alive = parse_alive(
+                self.node.get_dict(alive_key(self.cfg.run_id), timeout_s=self.source.timing.dht_s)
+            )
         except Exception as e:  # hivemind reports a slow or unreachable DHT in several ways: look again
             logger.warning("keeper: cannot read the run's alive records: %s", e)
             return None

@@ -50,7 +50,7 @@ from hivemind.utils import get_dht_time
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
-from collab.swarm.records import PeerStatus
+from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.timing import Timing
 from collab.swarm.transport import Header, SwarmNode, TransportError
 
@@ -174,7 +174,7 @@ class Matchmaker:
         # The hash of the committed state this peer enters rounds with: a leader refuses joiners whose
         # state differs, so two diverged states never average together.
         self.state_hash = state_hash
-        self.alive_peers: dict[str, dict[str, object]] = {}  # refreshed by the heartbeat
+        self.alive_peers: dict[str, AliveRecord] = {}  # refreshed by the heartbeat
         self._last_group: frozenset[str] = frozenset()  # members of the last group committed with
         node.serve(JOIN, self._handle_join)
 
@@ -200,11 +200,11 @@ class Matchmaker:
         return r
 
     @property
-    def alive_peers(self) -> dict[str, dict[str, object]]:
+    def alive_peers(self) -> dict[str, AliveRecord]:
         return self._alive_peers
 
     @alive_peers.setter
-    def alive_peers(self, view: dict[str, dict[str, object]]) -> None:
+    def alive_peers(self, view: dict[str, AliveRecord]) -> None:
         self._alive_peers = view
         self._seen_alive.update(view)
 
@@ -220,8 +220,7 @@ class Matchmaker:
         return {
             p
             for p, rec in self.alive_peers.items()
-            if not self.is_suspect(p)
-            and not (isinstance(rec, dict) and rec.get("status") == PeerStatus.COORDINATOR)
+            if not self.is_suspect(p) and rec.status != PeerStatus.COORDINATOR
         }
 
     def _live_count(self) -> int:
@@ -237,8 +236,8 @@ class Matchmaker:
         me = self.node.peer_key
         count = 0
         for p in self._expected():
-            rec_step = self.alive_peers.get(p, {}).get("step")
-            if p != me and not (isinstance(rec_step, int) and rec_step > step):
+            rec = self.alive_peers.get(p)
+            if p != me and not (rec is not None and rec.step > step):
                 count += 1
         return count
 

@@ -7,7 +7,10 @@ unknown fields rejected). These models are separate from the pydantic v2 config 
 
 from __future__ import annotations
 
+import math
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import TypeGuard
 
 from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
@@ -28,6 +31,100 @@ class PeerStatus(StrEnum):
     DONE = "done"  # reached its last step; still serving the state while it lingers
     LEFT = "left"
     COORDINATOR = "coordinator"  # the run's coordinator: names the run's config version, never trains
+
+
+@dataclass(frozen=True)
+class AliveRecord:
+    """A peer's alive record (key ``{run_id}_alive``, subkey: its peer key), stored again every heartbeat.
+
+    ``step``: its latest committed step (-1: none yet; the coordinator's is -1 too); ``version``: its
+    config version (the coordinator's names the run's config; without a coordinator the majority of the
+    alive peers does); ``rate``: its samples per second of computation, once settled (fellow members size
+    target-batch rounds by it and bound its claims); ``microbatch``: the samples of one of its evaluations.
+    """
+
+    step: int
+    status: PeerStatus
+    name: str = ""
+    version: str = ""
+    device: int = -1
+    rate: float | None = None
+    microbatch: float | None = None
+
+    @property
+    def trains(self) -> bool:
+        """A volunteer that has not left (not the coordinator)."""
+        return self.status not in (PeerStatus.COORDINATOR, PeerStatus.LEFT)
+
+    def to_wire(self) -> dict[str, object]:
+        return {
+            "step": self.step,
+            "status": self.status.value,
+            "name": self.name,
+            "version": self.version,
+            "device": self.device,
+            "rate": self.rate,
+            "microbatch": self.microbatch,
+        }
+
+    @classmethod
+    def parse(cls, value: object) -> AliveRecord | None:
+        """The record ``value`` (as read from the DHT) says, or ``None`` when it is malformed: a field of the
+        wrong type, an unknown status. A ``rate`` or ``microbatch`` that is not a positive finite number
+        reads as unpublished."""
+        if not isinstance(value, dict):
+            return None
+        step, status, name, version, device = (
+            value.get("step"),
+            value.get("status"),
+            value.get("name", ""),
+            value.get("version", ""),
+            value.get("device", -1),
+        )
+        if not (_strict_int(step) and _strict_int(device)) or not isinstance(name, str):
+            return None
+        if not isinstance(version, str) or not isinstance(status, str):
+            return None
+        try:
+            parsed_status = PeerStatus(status)
+        except ValueError:
+            return None
+        return cls(
+            step=step,
+            status=parsed_status,
+            name=name,
+            version=version,
+            device=device,
+            rate=_positive(value.get("rate")),
+            microbatch=_positive(value.get("microbatch")),
+        )
+
+
+def _strict_int(value: object) -> TypeGuard[int]:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return None
+    return float(value) if math.isfinite(value) and value > 0 else None
+
+
+def parse_alive(raw: object) -> dict[str, AliveRecord]:
+    """The well-formed records of peers that have not left, from a ``{subkey: value}`` read of the alive key
+    (malformed records are left out: a peer that writes garbage is not counted alive)."""
+    if not isinstance(raw, dict):
+        return {}
+    view = {}
+    for peer, value in raw.items():
+        record = AliveRecord.parse(value)
+        if isinstance(peer, str) and record is not None and record.status != PeerStatus.LEFT:
+            view[peer] = record
+    return view
+
+
+def alive_key(run_id: str) -> str:
+    return f"{run_id}_alive"
 
 
 class StateVouch(BaseModel):

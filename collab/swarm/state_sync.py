@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from collab.methods.base import MethodState
-from collab.swarm.records import PeerStatus, progress_key
+from collab.swarm.records import AliveRecord, progress_key
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode, TransportError
 
@@ -94,20 +94,12 @@ def download_state(
     return Downloaded(state, kept or frozenset())
 
 
-def alive_steps(alive: Mapping[str, object], *, exclude: str | None = None) -> list[tuple[int, str]]:
+def alive_steps(alive: Mapping[str, AliveRecord], *, exclude: str | None = None) -> list[tuple[int, str]]:
     """``(step, peer)`` of the training peers in an alive view, most advanced first."""
-    out = []
-    for peer, rec in alive.items():
-        if (
-            peer == exclude
-            or not isinstance(rec, dict)
-            or rec.get("status") in (PeerStatus.COORDINATOR, PeerStatus.LEFT)
-        ):
-            continue
-        step = rec.get("step")
-        if isinstance(step, int) and not isinstance(step, bool) and step >= 0:
-            out.append((step, peer))
-    return sorted(out, reverse=True)
+    steps = [
+        (rec.step, peer) for peer, rec in alive.items() if peer != exclude and rec.trains and rec.step >= 0
+    ]
+    return sorted(steps, reverse=True)
 
 
 class Vouches:
@@ -126,7 +118,7 @@ class Vouches:
     def me(self) -> str:
         return self._me if self._me is not None else self.node.peer_key
 
-    def check(self, state: MethodState, source: str, alive: Mapping[str, object]) -> None:
+    def check(self, state: MethodState, source: str, alive: Mapping[str, AliveRecord]) -> None:
         """Return once two keys vouch for ``state`` (from ``source``); raise :class:`ForgedState` or
         :class:`StateRejected` when they do not within ``Timing.vouch_wait_s``. ``alive``: the run's alive
         view (with nobody but the source in it, the source's word is taken)."""

@@ -27,13 +27,13 @@ from collab.methods.build import build_method
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.agreement import Unconfirmed
 from collab.swarm.bans import BanEvent
-from collab.swarm.budget import MICROBATCH, RATE, RoundBudget
+from collab.swarm.budget import RoundBudget
 from collab.swarm.catchup import Catchup, StateService
 from collab.swarm.checkpoints import Checkpointer
 from collab.swarm.config_guard import ConfigGuard, ConfigMismatch
 from collab.swarm.heartbeat import AliveView, Heartbeat
 from collab.swarm.matchmaking import StateMismatch
-from collab.swarm.records import PeerStatus
+from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.reporting import EventLog, Reporter, ban_line
 from collab.swarm.state_sync import StateSource, Vouches
 from collab.swarm.timing import Timing
@@ -156,18 +156,18 @@ class Volunteer:
         self.log.emit(event="ban", step=self.step, **ban_line(event))
         self.reporter.bans(self.aggregator.bans)
 
-    def _alive_record(self, status: PeerStatus | None = None) -> dict[str, object]:
-        return {
-            "step": self.step,
-            "device": self.device_index,
-            "status": (status or self.status).value,
-            "name": self.name,
-            "version": self.config_version,  # the majority check of peers without a coordinator reads it
+    def _alive_record(self, status: PeerStatus | None = None) -> AliveRecord:
+        return AliveRecord(
+            step=self.step,
+            status=status or self.status,
+            name=self.name,
+            version=self.config_version,  # the majority check of peers without a coordinator reads it
+            device=self.device_index,
             # fellow members size target-batch rounds by it, and bound our claims: not before it has
             # settled (the first evaluations of a model are slow)
-            RATE: self.rate if self._rate_steps >= RATE_WARMUP_STEPS else None,
-            MICROBATCH: self.method.workers[0].operator.weight,  # the samples of one evaluation
-        }
+            rate=self.rate if self._rate_steps >= RATE_WARMUP_STEPS else None,
+            microbatch=float(self.method.workers[0].operator.weight),  # the samples of one evaluation
+        )
 
     def _on_view(self, view: AliveView) -> None:
         self.aggregator.matchmaker.alive_peers = view
@@ -311,13 +311,9 @@ class CoordinatorBeacon:
     """The coordinator's alive record: tells joining peers which config version is the run's."""
 
     def __init__(self, cfg: RunConfig, node: SwarmNode) -> None:
-        record: dict[str, object] = {
-            "step": -1,
-            "device": -1,
-            "status": PeerStatus.COORDINATOR.value,
-            "name": "coordinator",
-            "version": cfg.version(),
-        }
+        record = AliveRecord(
+            step=-1, status=PeerStatus.COORDINATOR, name="coordinator", version=cfg.version()
+        )
         self._beat = Heartbeat(
             node=node, run_id=cfg.run_id, cfg=cfg.swarm, record=lambda: record, name="collab-beacon"
         )

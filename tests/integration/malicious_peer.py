@@ -112,10 +112,9 @@ def _forge_state() -> None:
         state.z.add_(0.5)  # what a forger would like everyone to train from
         return {**answer, "hash": state.hash()}, state.to_bytes()
 
-    def ahead(self: Any, status: Any = None) -> dict[str, object]:
+    def ahead(self: Any, status: Any = None) -> Any:
         record = honest_record(self, status)
-        step = record.get("step")
-        return {**record, "step": step + FORGE_AHEAD} if isinstance(step, int) and step >= 0 else record
+        return replace(record, step=record.step + FORGE_AHEAD) if record.step >= 0 else record
 
     catchup.StateService._handle = forged  # type: ignore[method-assign]
     volunteer.Volunteer._alive_record = ahead  # type: ignore[method-assign]

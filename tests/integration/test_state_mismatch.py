@@ -9,6 +9,7 @@ import pytest
 
 from collab.config import SwarmConfig
 from collab.swarm.matchmaking import Matchmaker, StateMismatch
+from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.transport import SwarmNode
 
 
@@ -22,7 +23,8 @@ def test_leader_refuses_a_joiner_with_another_state() -> None:
         for node, device, state in ((a, 0, "hash-A"), (b, 1, "hash-B")):
             mm = Matchmaker(node=node, run_id="split", cfg=cfg, device_index=device, config_version="v")
             mm.state_hash = lambda state=state: state
-            mm.alive_peers = {a.peer_key: {"step": 3}, b.peer_key: {"step": 3}}
+            training = AliveRecord(step=3, status=PeerStatus.TRAINING)
+            mm.alive_peers = {a.peer_key: training, b.peer_key: training}
             makers[node.peer_key] = mm
         leader, joiner = sorted(makers)
 

@@ -12,6 +12,7 @@ from collab.config import load_config, with_overrides
 from collab.methods.build import build_method
 from collab.methods.simulated import SimulatedAggregator
 from collab.swarm.keeper import ModelKeeper, checkpoint_name, kept_steps
+from collab.swarm.records import parse_alive
 from collab.swarm.state_sync import alive_steps
 from collab.tasks.build import build_task
 from tests.conftest import CONFIGS
@@ -56,10 +57,11 @@ def test_alive_steps_ranks_training_peers() -> None:
         "d": {"step": 50, "status": "left"},
         "e": {"step": True},
         "f": "junk",
-        "g": {"step": 7},
+        "g": {"step": 7, "status": "syncing"},
+        "h": {"step": 70, "status": "flying"},
     }
-    assert alive_steps(view) == [(9, "b"), (7, "g"), (5, "a")]
-    assert alive_steps(view, exclude="b") == [(7, "g"), (5, "a")]
+    assert alive_steps(parse_alive(view)) == [(9, "b"), (7, "g"), (5, "a")]
+    assert alive_steps(parse_alive(view), exclude="b") == [(7, "g"), (5, "a")]
 
 
 def test_keeper_keeps_every_n_steps_and_the_last(tmp_path: Path) -> None:

@@ -230,12 +230,22 @@ def test_a_member_that_lost_a_committed_round_takes_the_residual_that_goes_with_
     assert same_group.pending_rounds == [] and other_group.pending_rounds == []
 
 
+# published rates: "c" publishes garbage (read as no rate), "d" nothing
+RATES: dict[str, dict[str, object]] = {
+    "a": {"rate": 100.0},
+    "b": {"rate": 300.0},
+    "c": {"rate": "fast"},
+    "d": {},
+}
+
+
 def test_target_batch_budget_follows_the_groups_published_rates() -> None:
     from collab.config import SwarmConfig
     from collab.swarm.budget import RoundBudget, group_rate
+    from collab.swarm.records import parse_alive
     from collab.swarm.timing import Timing
 
-    alive: dict[str, object] = {"a": {"rate": 100.0}, "b": {"rate": 300.0}, "c": {"rate": "fast"}, "d": {}}
+    alive = parse_alive({p: {"step": 1, "status": "training", **v} for p, v in RATES.items()})
     assert group_rate(["a", "b"], alive) == 400.0
     assert group_rate(["a", "b", "c"], alive) == 600.0, "unknown rates count at the others' median"
     assert group_rate(["c", "d"], alive) is None
@@ -273,30 +283,37 @@ def test_timing_derives_every_wait_from_the_swarm_settings() -> None:
 
 def test_config_guard_follows_the_coordinator_else_the_majority() -> None:
     from collab.swarm.config_guard import ConfigGuard, ConfigMismatch
+    from collab.swarm.records import AliveRecord, PeerStatus, parse_alive
 
     guard = ConfigGuard("me", "v1")
-    peer = {"status": "training", "version": "v2"}
-    guard.check({"me": {"version": "v1"}, "a": dict(peer)})  # a tie keeps this peer running
+    v1, v2 = (AliveRecord(step=3, status=PeerStatus.TRAINING, version=v) for v in ("v1", "v2"))
+    coordinator = {v: AliveRecord(step=-1, status=PeerStatus.COORDINATOR, version=v) for v in ("v1", "v2")}
+    guard.check({"me": v1, "a": v2})  # a tie keeps this peer running
     with pytest.raises(ConfigMismatch, match=r"version v1.*version v2"):
-        guard.check({"a": dict(peer), "b": dict(peer), "d": dict(peer), "c": {"version": "v1"}})
-    guard.check({"a": dict(peer), "b": dict(peer), "c": {"version": "v1"}})  # 2 against 2 (with this peer)
-    guard.check({"a": dict(peer), "b": dict(peer), "k": {"status": "coordinator", "version": "v1"}})
+        guard.check({"a": v2, "b": v2, "d": v2, "c": v1})
+    guard.check({"a": v2, "b": v2, "c": v1})  # 2 against 2 (with this peer)
+    guard.check({"a": v2, "b": v2, "k": coordinator["v1"]})
     with pytest.raises(ConfigMismatch):
-        guard.check({"k": {"status": "coordinator", "version": "v2"}, "c": {"version": "v1"}})
-    guard.check({"a": {"status": "training"}, "b": {"version": 7}})  # no usable versions: nothing to say
+        guard.check({"k": coordinator["v2"], "c": v1})
+    # records without a usable version say nothing (malformed ones are not even counted alive)
+    raw = {"a": {"step": 1, "status": "training"}, "b": {"step": 1, "status": "training", "version": 7}}
+    assert list(parse_alive(raw)) == ["a"]
+    guard.check(parse_alive(raw))
 
 
 def test_claim_bounds_follow_each_members_published_device() -> None:
     from collab.config import SwarmConfig
     from collab.swarm.budget import CLAIM_SLACK, ClaimBounds, group_rate
+    from collab.swarm.records import parse_alive
 
-    alive: dict[str, object] = {
+    published = {
         "slow": {"rate": 10.0, "microbatch": 8},
         "fast": {"rate": 400.0, "microbatch": 32},  # an honest GPU: 40x the slow one
         "mid": {"rate": 20.0, "microbatch": 8},
         "liar": {"rate": 1e9, "microbatch": 1e9},  # inflated numbers: capped at 100x the lower median
-        "new": {"microbatch": 8},  # no rate yet
+        "new": {"microbatch": 8, "rate": None},  # no rate yet
     }
+    alive = parse_alive({p: {"step": 9, "status": "training", **v} for p, v in published.items()})
     lockstep = ClaimBounds(SwarmConfig(), alive=lambda: alive)
     assert lockstep(["slow", "fast", "mid"]) == {"slow": 8, "fast": 32, "mid": 8}, "one microbatch each"
     assert lockstep(["slow", "nobody"]) == {"slow": 8}, "no record: left to the group-median check"
