@@ -31,13 +31,14 @@ def _worker(index: int, maddr: str, args: argparse.Namespace, barrier: Any, out:
     from collab.methods.base import Contribution, RoundKey
     from collab.swarm import SwarmAggregator, SwarmNode
     from collab.swarm.heartbeat import Heartbeat
+    from collab.swarm.records import AliveRecord, PeerStatus
 
     cfg = load_config(args.config)
     swarm = cfg.swarm.model_copy(update={"min_group_size": args.peers, "round_time_s": 1.0})
     node = SwarmNode(initial_peers=[maddr])
     agg = SwarmAggregator(node=node, run_id="round-cost", cfg=swarm, device_index=index, shared_seed=1)
 
-    def on_view(view: dict[str, dict[str, object]]) -> None:
+    def on_view(view: dict[str, AliveRecord]) -> None:
         agg.matchmaker.alive_peers = view
 
     # the volunteers' own liveness records: who is expected in every round
@@ -45,7 +46,7 @@ def _worker(index: int, maddr: str, args: argparse.Namespace, barrier: Any, out:
         node=node,
         run_id="round-cost",
         cfg=swarm,
-        record=lambda: {"status": "training", "step": 0},
+        record=lambda: AliveRecord(step=0, status=PeerStatus.TRAINING),
         on_view=on_view,
     )
     while len(agg.matchmaker.alive_peers) < args.peers:

@@ -8,23 +8,27 @@ the swarm's state. So, before a member applies a round's aggregate:
    of its list of dropped members)`` with a per-process Ed25519 key and sends it with the part; a member
    checks the signature when the part arrives (the key is what that owner gave it, over the authenticated
    libp2p stream).
-2. **Confirmation.** Each member calls every other member that is still in the round (members some owner
-   dropped are not) with ``collab.confirm``; the callee answers, once its own aggregate is assembled, with
-   its per-part digests and the owners' statements it holds. A member commits only when every answer
-   lists exactly its own digests.
+2. **Confirmation.** Each member signs its list of the owners' statements it holds (with the same key
+   it signed its own part with) and sends it to the round's *collector*, the first member still in the
+   round (members some owner dropped are not); the collector answers every member with all the signed
+   lists once it holds them all, or with a failure when one is missing by ``allreduce_timeout_s``. It
+   decides once: every member that gets an answer gets the same one. A member commits only when every
+   list is signed under the key its member gave with its part and lists exactly its own digests.
 
-Any difference fails the round for every member that sees it - all of them, since each member asks each
-other. The statements name who split: a member that holds, under the key owner ``j`` gave it, two valid
-signatures of ``j`` over different digests of part ``j`` bans ``j`` (it signed two different parts); a
-member whose answer claims a digest without a valid statement of that owner is banned (it lied about what
-it received). An owner that gave different members different keys is not attributable: the round fails
-and nobody is banned. A member that does not answer fails the round for whoever asked it (it may have
-died after answering others, who then commit): a member left :class:`Unconfirmed` first waits to see
-whether any fellow member moves ahead, and then takes its state instead of redoing the step in another
-group (which would split the swarm's lineage).
+Any difference fails the round for every member that sees it - all of them, since all see all lists. The
+statements name who split: a member that holds, under the key owner ``j`` gave it, two valid signatures
+of ``j`` over different digests of part ``j`` bans ``j`` (it signed two different parts); a member whose
+signed list claims a digest without a valid statement of that owner is banned (its own signature proves
+the lie). A collector cannot forge another member's list (it would need that member's signature); a list
+that does not verify under the key its member gave us fails the round; only the collector, which got it
+straight from that member, bans the member (to anyone else the collector may have tampered with it). A
+collector that dies (or does not answer in time) fails the round for whoever waits on it, but it may have
+answered others, who then commit: a member left :class:`Unconfirmed` first waits to see whether any
+fellow member moves ahead, and then takes its state instead of redoing the step in another group (which
+would split the swarm's lineage).
 
-Cost per member and round: ``n - 1`` small calls (one digest and one 64-byte signature per part), one
-signature and ``n`` verifications.
+Cost per round: ``n - 1`` calls in all (each member but the collector makes one; all-to-all would make
+``n (n - 1)``); per member one signature for its part, one for its list, and ``2 n`` verifications.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import json
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
@@ -45,12 +49,14 @@ from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, SwarmNode, TransportError, gather_all
+from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
 
 CONFIRM = "collab.confirm"
 _DOMAIN = b"collab-part-v1|"
+_LIST_DOMAIN = b"collab-confirm-v1|"
+MAX_LISTS = 256  # signed lists one collection holds (more than any group has members)
 
 
 class SplitRound(RoundFailed):
@@ -110,7 +116,7 @@ class Agreement:
         self.node, self.timing, self.bans = node, timing, bans
         self._key = Ed25519PrivateKey.generate()
         self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
-        self._lists: dict[str, tuple[float, asyncio.Future[list[list[str]]]]] = {}  # group id -> ours
+        self._collections: dict[str, _Collection] = {}  # group id -> the lists, as that round's collector
         node.serve(CONFIRM, self._handle)
 
     # ---- statements ---------------------------------------------------------------------------------
@@ -128,69 +134,124 @@ class Agreement:
         return stmt
 
     # ---- confirmation -------------------------------------------------------------------------------
-    def _future(self, group_id: str) -> asyncio.Future[list[list[str]]]:
-        entry = self._lists.get(group_id)
-        if entry is None:
-            entry = self._lists[group_id] = (time.monotonic(), asyncio.get_running_loop().create_future())
+    def _collection(self, group_id: str) -> _Collection:
+        coll = self._collections.get(group_id)
+        if coll is None:
+            coll = self._collections[group_id] = _Collection(asyncio.get_running_loop().create_future())
             horizon = time.monotonic() - self.timing.slot_horizon_s
-            for old in [g for g, (t, _) in self._lists.items() if t < horizon]:
-                self._lists.pop(old, None)
-        return entry[1]
+            for old in [g for g, c in self._collections.items() if c.created < horizon]:
+                self._collections.pop(old, None)
+        return coll
+
+    async def _collected(self, coll: _Collection) -> dict[str, object]:
+        """The collection's one outcome: all lists, or :class:`RoundFailed`. Whoever waits longer than
+        ``allreduce_timeout_s`` decides the failure for everyone (an outcome is set only once)."""
+        try:
+            await asyncio.wait_for(asyncio.shield(coll.outcome), self.timing.allreduce_s)
+        except TimeoutError:
+            missing = sorted(p[-6:] for p in (coll.expected or set()) - set(coll.lists))
+            coll.decide(f"no confirmation from {', '.join(missing) or 'the collector itself'}")
+        why = coll.outcome.result()
+        if why is not None:
+            raise RoundFailed(why)
+        assert coll.expected is not None
+        return {p: coll.lists[p] for p in sorted(coll.expected)}
 
     async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
-        """Answer a fellow member with our statements once our aggregate is assembled."""
-        group_id = str(header.get("group_id", ""))[:64]
-        ours = self._future(group_id)
+        """As the collector: take a member's signed list and answer with all of them (or the failure)."""
+        coll = self._collection(str(header.get("group_id", ""))[:64])
+        if remote not in coll.lists and len(coll.lists) >= MAX_LISTS:
+            raise RuntimeError("too many confirmations for that group")
         try:
-            listed = await asyncio.wait_for(asyncio.shield(ours), self.timing.allreduce_s)
-        except TimeoutError:
-            raise RuntimeError("no aggregate assembled for that group") from None
-        return {"parts": listed}, b""
+            mine = json.loads(payload)
+        except ValueError:
+            raise RuntimeError("malformed confirmation") from None
+        coll.lists.setdefault(remote, mine)  # a member's first word stands
+        coll.check_complete()
+        lists = await self._collected(coll)
+        if remote not in lists:
+            raise RuntimeError("not a member of that round")
+        return {}, json.dumps(lists).encode()
+
+    def _signed_list(self, group_id: str, statements: Sequence[Statement]) -> dict[str, object]:
+        parts = [s.to_wire() for s in statements]
+        signature = self._key.sign(_list_message(group_id, parts)).hex()
+        return {"parts": parts, "key": self.public, "signature": signature}
 
     async def confirm(
         self, group: Group, statements: Sequence[Statement], *, dropped: set[str], mine: str
     ) -> None:
         """Return when every member still in the round (not ``dropped``) holds the same ``statements``;
-        raise :class:`SplitRound` (banning whoever the statements name) or :class:`RoundFailed`."""
-        ours = self._future(group.group_id)
-        if not ours.done():
-            ours.set_result([s.to_wire() for s in statements])
-        others = [p for p in group.peers if p != mine and p not in dropped]
-
-        async def ask(peer: str) -> tuple[str, object]:
+        raise :class:`SplitRound` (banning whoever the statements name), :class:`Unconfirmed` (the
+        collector did not answer) or :class:`RoundFailed`."""
+        members = [p for p in group.peers if p not in dropped]
+        collector, others = members[0], [p for p in members if p != mine]
+        own = self._signed_list(group.group_id, statements)
+        if collector == mine:
+            coll = self._collection(group.group_id)
+            coll.lists[mine] = own
+            coll.expected = set(members)
+            coll.check_complete()
+            lists: object = await self._collected(coll)
+            # each list came to us straight from its member: one that does not verify under the key
+            # that member signed its part with is that member's doing
+            for peer, raw in lists.items() if isinstance(lists, dict) else ():
+                j = group.peers.index(peer) if peer in group.peers else -1
+                if j >= 0 and _verified_parts(group.group_id, raw, statements[j].key) is None:
+                    self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
+        else:
             try:
-                answer, _ = await self.node.call(
-                    peer, CONFIRM, {"group_id": group.group_id}, timeout_s=self.timing.part_call_s
+                _, payload = await self.node.call(
+                    collector,
+                    CONFIRM,
+                    {"group_id": group.group_id},
+                    json.dumps(own).encode(),
+                    timeout_s=self.timing.part_call_s,
                 )
+            except RemoteError as e:  # the collector answered: nobody commits this round
+                raise RoundFailed(f"confirmation failed at {collector[-6:]}: {e}") from None
             except TransportError as e:
-                raise Unconfirmed(f"no confirmation from {peer[-6:]}: {e}", others) from None
-            return peer, answer.get("parts")
+                raise Unconfirmed(f"no confirmation from {collector[-6:]}: {e}", others) from None
+            try:
+                lists = json.loads(payload)
+            except ValueError:
+                lists = None
+        self._judge(group, statements, lists, members)
 
-        answers = await gather_all([ask(p) for p in others])
-        split = [(peer, listed) for peer, listed in answers if not self._same(statements, listed)]
-        if not split:
-            return
-        for peer, listed in split:
-            self._blame(group, statements, peer, listed)
-        raise SplitRound(
-            f"round {group.round_id}: {', '.join(p[-6:] for p, _ in split)} assembled another aggregate"
-        )
+    def _judge(
+        self, group: Group, statements: Sequence[Statement], lists: object, members: list[str]
+    ) -> None:
+        """Commit (return) only when every member's signed list holds exactly ``statements``' digests."""
+        if not isinstance(lists, dict):
+            raise RoundFailed(f"round {group.round_id}: malformed confirmation")
+        split, unverified = [], []
+        for peer, raw in lists.items():
+            j = group.peers.index(peer) if peer in group.peers else -1
+            listed = _verified_parts(group.group_id, raw, statements[j].key) if j >= 0 else None
+            if listed is None:
+                unverified.append(str(peer)[-6:])
+            elif not self._same(statements, listed):
+                split.append(peer)
+                self._blame(group, statements, peer, listed)
+        if split:
+            raise SplitRound(
+                f"round {group.round_id}: {', '.join(p[-6:] for p in split)} assembled another aggregate"
+            )
+        if unverified or set(lists) != set(members):
+            raise RoundFailed(f"round {group.round_id}: unverifiable confirmation ({', '.join(unverified)})")
 
     @staticmethod
-    def _same(statements: Sequence[Statement], listed: object) -> bool:
-        return (
-            isinstance(listed, list)
-            and len(listed) == len(statements)
-            and all(
-                isinstance(x, list) and len(x) == 3 and x[0] == s.digest
-                for x, s in zip(listed, statements, strict=True)
-            )
+    def _same(statements: Sequence[Statement], listed: list[object]) -> bool:
+        return len(listed) == len(statements) and all(
+            isinstance(x, list) and len(x) == 3 and x[0] == s.digest
+            for x, s in zip(listed, statements, strict=True)
         )
 
-    def _blame(self, group: Group, statements: Sequence[Statement], peer: str, listed: object) -> None:
+    def _blame(self, group: Group, statements: Sequence[Statement], peer: str, listed: list[object]) -> None:
         """Ban whoever the statements prove lied: an owner that signed two parts, or ``peer`` when its
-        claims carry no valid statement of the owner (under the key that owner gave us)."""
-        if not isinstance(listed, list) or len(listed) != len(statements):
+        signed list claims a part without a valid statement of the owner (under the key that owner gave
+        us)."""
+        if len(listed) != len(statements):
             self.bans.ban(peer, "malformed confirmation", group.round_id)
             return
         for j, (raw, ours) in enumerate(zip(listed, statements, strict=True)):
@@ -209,3 +270,45 @@ class Agreement:
                     j,
                     owner[-6:],
                 )
+
+
+@dataclass
+class _Collection:
+    """The signed lists a collector gathered for one group, and its one outcome (``None``: complete, or
+    why it failed)."""
+
+    outcome: asyncio.Future[str | None]
+    lists: dict[str, object] = field(default_factory=dict)
+    expected: set[str] | None = None  # the members still in the round, once the collector knows them
+    created: float = field(default_factory=time.monotonic)
+
+    def check_complete(self) -> None:
+        if self.expected is not None and self.expected <= set(self.lists):
+            self.decide(None)
+
+    def decide(self, why: str | None) -> None:
+        if not self.outcome.done():
+            self.outcome.set_result(why)
+
+
+def _list_message(group_id: str, parts: list[list[str]]) -> bytes:
+    return _LIST_DOMAIN + f"{group_id}|".encode() + json.dumps(parts, separators=(",", ":")).encode()
+
+
+def _verified_parts(group_id: str, raw: object, key: str) -> list[object] | None:
+    """The statements a member's signed list holds, when the list is signed under ``key`` (the key that
+    member gave us with its part); ``None`` otherwise."""
+    if not isinstance(raw, dict) or raw.get("key") != key:
+        return None
+    parts, signature = raw.get("parts"), raw.get("signature")
+    if not isinstance(parts, list) or not isinstance(signature, str) or len(parts) > MAX_LISTS:
+        return None
+    if not all(isinstance(x, list) and all(isinstance(y, str) for y in x) for x in parts):
+        return None
+    try:
+        Ed25519PublicKey.from_public_bytes(bytes.fromhex(key)).verify(
+            bytes.fromhex(signature), _list_message(group_id, parts)
+        )
+    except (ValueError, InvalidSignature):
+        return None
+    return list(parts)

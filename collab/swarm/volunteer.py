@@ -196,6 +196,7 @@ class Volunteer:
                     self.method.initialize()
                     _, state_hash = self._report(0, 0.0)  # a joiner may sync to the initial state
                     self.log.emit(event="initialized", step=0, hash=state_hash)
+                    last_progress = time.monotonic()  # an initial round under attack may take long
                     continue
                 report = self.method.step()
             except RoundFailed as e:

@@ -1,0 +1,137 @@
+"""The confirmation before commit, against hostile members and a hostile collector.
+
+Three real peers (each its own p2pd) hold signed statements for the three parts of a round and run
+``Agreement.confirm`` together: the first member still in the round collects every member's signed list
+and answers all of them. Honest lists: everyone commits. An owner that signed two versions of its part:
+nobody commits and everyone bans that owner. A member whose list is not signed with its part's key:
+nobody commits and the collector (which got the list straight from it) bans it. A collector that swaps one
+member's list for another's to hide a split: nobody commits, because a list only counts under the key its
+member signed its part with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+import pytest
+
+from collab.config import SwarmConfig
+from collab.methods.base import RoundFailed
+from collab.swarm.agreement import Agreement, SplitRound, Statement, part_digest
+from collab.swarm.bans import Bans
+from collab.swarm.matchmaking import Group
+from collab.swarm.timing import Timing
+from collab.swarm.transport import SwarmNode
+
+TIMING = Timing.of(SwarmConfig(allreduce_timeout_s=3.0))
+
+
+class Round:
+    """Three members, their agreements and the statements each holds (``held[member][part]``)."""
+
+    def __init__(self, nodes: list[SwarmNode], tag: str) -> None:
+        self.nodes = {n.peer_key: n for n in nodes}
+        self.agreements = {
+            k: Agreement(node=n, timing=TIMING, bans=Bans(duration_s=60.0, me=k))
+            for k, n in self.nodes.items()
+        }
+        self.group = Group(f"{tag}.delta", tuple(sorted((i, n.peer_key) for i, n in enumerate(nodes))), tag)
+        self.peers = self.group.peers
+        honest = [self.statement(j, f"part {j}".encode()) for j in range(len(self.peers))]
+        self.held = {p: list(honest) for p in self.peers}
+
+    def statement(self, j: int, blob: bytes) -> Statement:
+        owner = self.agreements[self.peers[j]]
+        return owner.sign(part_digest(self.group.group_id, j, blob, {}))
+
+    def confirm_all(self) -> dict[str, BaseException | None]:
+        """Every member confirms at once; ``None``: it would commit."""
+
+        def one(peer: str) -> BaseException | None:
+            coro = self.agreements[peer].confirm(self.group, self.held[peer], dropped=set(), mine=peer)
+            try:
+                self.nodes[peer].run(coro, timeout_s=30)
+            except RoundFailed as e:
+                return e
+            return None
+
+        with ThreadPoolExecutor(len(self.peers)) as pool:
+            return dict(zip(self.peers, pool.map(one, self.peers), strict=True))
+
+    def banned(self) -> dict[str, set[str]]:
+        return {p: set(a.bans.active_peers()) for p, a in self.agreements.items()}
+
+
+@pytest.fixture
+def make_round() -> Iterator[Callable[[str], Round]]:
+    """Three fresh peers (each with its own p2pd) for one round; all shut down after the test."""
+    nodes: list[SwarmNode] = []
+
+    def make(tag: str) -> Round:
+        nodes.append(SwarmNode())
+        nodes.extend(SwarmNode(initial_peers=nodes[0].visible_maddrs()) for _ in range(2))
+        return Round(nodes, tag)
+
+    try:
+        yield make
+    finally:
+        for n in reversed(nodes):
+            n.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_honest_members_all_commit(make_round: Callable[[str], Round]) -> None:
+    r = make_round("1")
+    assert r.confirm_all() == dict.fromkeys(r.peers)
+    assert r.banned() == {p: set() for p in r.peers}
+
+
+@pytest.mark.timeout(120)
+def test_an_owner_that_signed_two_versions_is_banned_by_everyone(make_round: Callable[[str], Round]) -> None:
+    r = make_round("2")
+    owner, victim = r.peers[1], r.peers[2]
+    r.held[victim][1] = r.statement(1, b"another part 1")  # the owner sent the victim other bytes
+    outcome = r.confirm_all()
+    assert all(isinstance(e, SplitRound) for e in outcome.values()), outcome
+    assert all(owner in bans for p, bans in r.banned().items() if p != owner), r.banned()
+
+
+@pytest.mark.timeout(120)
+def test_a_list_not_signed_with_the_part_key_fails_and_the_collector_bans(
+    make_round: Callable[[str], Round], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = make_round("3")
+    collector, liar = r.peers[0], r.peers[2]
+    honest_list = r.agreements[liar]._signed_list
+
+    def unsigned(group_id: str, statements: Any) -> dict[str, object]:
+        return {**honest_list(group_id, statements), "signature": "00" * 64}
+
+    monkeypatch.setattr(r.agreements[liar], "_signed_list", unsigned)
+    outcome = r.confirm_all()
+    assert all(isinstance(e, RoundFailed) and not isinstance(e, SplitRound) for e in outcome.values())
+    assert r.banned()[collector] == {liar}
+    assert r.banned()[r.peers[1]] == set(), "to a member the collector may have tampered: no ban"
+
+
+@pytest.mark.timeout(120)
+def test_a_collector_cannot_hide_a_split(
+    make_round: Callable[[str], Round], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    r = make_round("4")
+    collector, honest, victim = r.peers
+    r.held[victim][1] = r.statement(1, b"another part 1")  # owner 1 splits ...
+    coll = r.agreements[collector]
+    collected = coll._collected
+
+    async def hiding(c: Any) -> dict[str, object]:  # ... and the collector shows everyone agreeing
+        lists = await collected(c)
+        return {**lists, victim: lists[honest]}
+
+    monkeypatch.setattr(coll, "_collected", hiding)
+    outcome = r.confirm_all()
+    assert all(e is not None for e in outcome.values()), f"a member committed: {outcome}"
+    assert not isinstance(outcome[honest], SplitRound), "the honest member sees an unverifiable list"
+    assert isinstance(outcome[victim], SplitRound), "the victim still sees the others' lists differ"
