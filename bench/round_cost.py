@@ -1,6 +1,7 @@
 """The fixed cost of a round: 4 peers on 127.0.0.1 exchanging a small message, round after round.
 
-Usage: ``python bench/round_cost.py [--peers 4] [--rounds 60] [--numel 100] [--ratio 0.25] [--config C]``
+Usage: ``python bench/round_cost.py [--peers 4] [--rounds 60] [--numel 100] [--ratio 0.25] [--config C]
+[--dump FILE]``
 
 Each peer runs in its own spawned process with its own DHT and p2pd, with the swarm settings of
 ``--config`` (default: configs/demo.yaml): the same matchmaking and exchange a volunteer uses
@@ -8,12 +9,15 @@ Each peer runs in its own spawned process with its own DHT and p2pd, with the sw
 matchmaking (the group forms) and exchange (the exact reduce of a Top-k message), from a common start
 (each peer enters round r+1 as soon as its round r ended, as volunteers do). Reported: the median and
 90th percentile over rounds of the slowest peer's time, and the same config's step in ``collab simulate``
-(in-process, no network) for comparison. Goal: median round at most 30 ms.
+(in-process, no network) for comparison. Goal: median round at most 30 ms. ``--dump`` writes the slowest
+peer's (matchmaking, exchange, round) seconds of every complete round as JSON (``bench/many_peers.py``
+reads it).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import multiprocessing as mp
 import statistics
 import time
@@ -101,6 +105,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=100)
     parser.add_argument("--ratio", type=float, default=0.25)
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
+    parser.add_argument("--dump", type=Path, default=None, help="write the per-round times here (JSON)")
     args = parser.parse_args()
 
     import hivemind
@@ -152,6 +157,8 @@ def main() -> None:
         f"round / simulate step: {total / sim:.0f}x"
     )
     print(f"goal: median round <= 30 ms: {'met' if total <= 0.030 else 'MISSED'}")
+    if args.dump is not None:
+        args.dump.write_text(json.dumps({"peers": args.peers, "rounds": rounds}))
 
 
 if __name__ == "__main__":

@@ -204,6 +204,8 @@ class MethodState:
     fw: torch.Tensor
     server_error: torch.Tensor | None = None
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    # (fingerprint, hash) of the last hash computed: a state is hashed once, however often it is asked
+    _hash_cache: tuple[object, str] | None = field(default=None, init=False, repr=False, compare=False)
 
     def tensors(self) -> dict[str, torch.Tensor]:
         out = {"z": self.z, "w": self.w, "fw": self.fw}
@@ -213,7 +215,22 @@ class MethodState:
         return out
 
     def hash(self) -> str:
-        """sha256 over the step and the exact bytes of every tensor (hex, first 16 bytes)."""
+        """sha256 over the step and the exact bytes of every tensor (hex, first 16 bytes).
+
+        Computed once per state: the result is kept until the step, a tensor (another object, or one
+        changed in place: torch counts in-place writes in ``_version``) or the set of tensors changes."""
+        tensors = sorted(self.tensors().items())
+        fingerprint = (
+            self.step,
+            tuple((n, id(t), t.data_ptr(), t._version, t.shape, t.dtype) for n, t in tensors),
+        )
+        if self._hash_cache is not None and self._hash_cache[0] == fingerprint:
+            return self._hash_cache[1]
+        digest = self._digest()
+        self._hash_cache = (fingerprint, digest)
+        return digest
+
+    def _digest(self) -> str:
         h = hashlib.sha256(f"step={self.step}".encode())
         for name, t in sorted(self.tensors().items()):
             h.update(name.encode())

@@ -189,3 +189,29 @@ def test_a_flipped_byte_never_yields_another_state_or_config(at: int, xor: int) 
         return
     assert ck.state.hash() == _state().hash() and ck.config_version == CFG.version()
     assert ck.config in (CFG, None)
+
+
+def test_a_state_is_hashed_once_until_it_changes(monkeypatch: pytest.MonkeyPatch) -> None:
+    state = MethodState(step=3, z=torch.arange(6.0), w=torch.zeros(6), fw=torch.ones(6))
+    calls: list[int] = []
+    honest = MethodState._digest
+
+    def counted(self: MethodState) -> str:
+        calls.append(self.step)
+        return honest(self)
+
+    monkeypatch.setattr(MethodState, "_digest", counted)
+    first = state.hash()
+    assert state.hash() == first and state.to_bytes() and len(calls) == 1, "asked three times, hashed once"
+    state.z.add_(1.0)  # an in-place write
+    changed = state.hash()
+    assert changed != first and len(calls) == 2
+    state.z.sub_(1.0)
+    assert state.hash() == first, "the same bytes hash the same"
+    state.extra["m"] = torch.zeros(2)  # another tensor
+    assert state.hash() != first
+    state.w = torch.ones(6)  # another object
+    state.step = 4
+    assert state.hash() == honest(state) and len(calls) == 5
+    loaded = MethodState.from_bytes(state.to_bytes())  # from_bytes checks the hash: kept on the copy
+    assert loaded.hash() == state.hash() and len(calls) == 6
