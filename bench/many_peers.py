@@ -23,9 +23,9 @@ Today's protocol: one group of all alive peers per step; a member that fails fai
 redone without it. The design: per step, groups of ``--group`` members by a hash of (step, peer key) reduce
 exactly among themselves; the owner of part j of every group sends its group's part (sum and weight) to
 committee member j (``--group`` of the run's longest-lived peers); the committee closes when
-``--quorum`` of the groups are in (plus a grace of a quarter of that exchange time), reduces exactly in group order
-and answers; groups that failed or came late tag along (they apply the aggregate, their samples lost). A
-committee member's failure fails the step.
+``--quorum`` of the groups are in (plus a grace of a quarter of that exchange time), reduces exactly in
+group order and answers; groups that failed or came late tag along (they apply the aggregate, their
+samples lost). A committee member's failure fails the step.
 """
 
 from __future__ import annotations
