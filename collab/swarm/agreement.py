@@ -10,8 +10,9 @@ the swarm's state. So, before a member applies a round's aggregate:
    libp2p stream).
 2. **Confirmation.** Each member signs its list of the owners' statements it holds (with the same key
    it signed its own part with) and sends it to the round's *collector*, the first member still in the
-   round (members some owner dropped are not); the collector answers every member with all the signed
-   lists once it holds them all, or with a failure when one is missing by ``allreduce_timeout_s``. It
+   round (members some owner dropped are not: their lists are not waited for, but they get the answer and
+   commit with the others); the collector answers every member with all the signed lists once it holds
+   them all, or with a failure when one is missing by ``allreduce_timeout_s``. It
    decides once: every member that gets an answer gets the same one. A member commits only when every
    list is signed under the key its member gave with its part and lists exactly its own digests.
 
@@ -169,7 +170,7 @@ class Agreement:
         coll.lists.setdefault(remote, mine)  # a member's first word stands
         coll.check_complete()
         lists = await self._collected(coll)
-        if remote not in lists:
+        if remote not in coll.peers:  # a member some owner dropped gets the lists too: it stays in sync
             raise RuntimeError("not a member of that round")
         return {}, json.dumps(lists).encode()
 
@@ -190,7 +191,7 @@ class Agreement:
         if collector == mine:
             coll = self._collection(group.group_id)
             coll.lists[mine] = own
-            coll.expected = set(members)
+            coll.peers, coll.expected = set(group.peers), set(members)
             coll.check_complete()
             lists: object = await self._collected(coll)
             # each list came to us straight from its member: one that does not verify under the key
@@ -280,6 +281,7 @@ class _Collection:
     outcome: asyncio.Future[str | None]
     lists: dict[str, object] = field(default_factory=dict)
     expected: set[str] | None = None  # the members still in the round, once the collector knows them
+    peers: set[str] = field(default_factory=set)  # the group's members, dropped ones included
     created: float = field(default_factory=time.monotonic)
 
     def check_complete(self) -> None:

@@ -2,11 +2,11 @@
 
 Three real peers (each its own p2pd) hold signed statements for the three parts of a round and run
 ``Agreement.confirm`` together: the first member still in the round collects every member's signed list
-and answers all of them. Honest lists: everyone commits. An owner that signed two versions of its part:
-nobody commits and everyone bans that owner. A member whose list is not signed with its part's key:
-nobody commits and the collector (which got the list straight from it) bans it. A collector that swaps one
-member's list for another's to hide a split: nobody commits, because a list only counts under the key its
-member signed its part with.
+and answers all of them. Honest lists: everyone commits, a member some owner dropped included. An owner
+that signed two versions of its part: nobody commits and everyone bans that owner. A member whose list is
+not signed with its part's key: nobody commits and the collector (which got the list straight from it)
+bans it. A collector that swaps one member's list for another's to hide a split: nobody commits, because
+a list only counts under the key its member signed its part with.
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ class Round:
         self.peers = self.group.peers
         honest = [self.statement(j, f"part {j}".encode()) for j in range(len(self.peers))]
         self.held = {p: list(honest) for p in self.peers}
+        self.dropped: set[str] = set()  # members some owner dropped (in every owner's statement)
 
     def statement(self, j: int, blob: bytes) -> Statement:
         owner = self.agreements[self.peers[j]]
@@ -50,7 +51,7 @@ class Round:
         """Every member confirms at once; ``None``: it would commit."""
 
         def one(peer: str) -> BaseException | None:
-            coro = self.agreements[peer].confirm(self.group, self.held[peer], dropped=set(), mine=peer)
+            coro = self.agreements[peer].confirm(self.group, self.held[peer], dropped=self.dropped, mine=peer)
             try:
                 self.nodes[peer].run(coro, timeout_s=30)
             except RoundFailed as e:
@@ -86,6 +87,13 @@ def test_honest_members_all_commit(make_round: Callable[[str], Round]) -> None:
     r = make_round("1")
     assert r.confirm_all() == dict.fromkeys(r.peers)
     assert r.banned() == {p: set() for p in r.peers}
+
+
+@pytest.mark.timeout(120)
+def test_a_dropped_member_commits_with_the_others(make_round: Callable[[str], Round]) -> None:
+    r = make_round("5")
+    r.dropped = {r.peers[2]}  # its contribution missed the round: its list is not waited for
+    assert r.confirm_all() == dict.fromkeys(r.peers), "it applies the same aggregate and stays in sync"
 
 
 @pytest.mark.timeout(120)
