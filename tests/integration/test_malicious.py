@@ -124,29 +124,48 @@ def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) ->
     """A member that trains honestly but serves a forged state (and says it is ahead, so that a late
     joiner asks it first): the joiner finds that other members vouch for another state at that step,
     bans it, and syncs from an honest peer; no honest peer ever adopts the forged state."""
-    steps = 160  # long enough that the joiner, which starts in seconds, finds the run going
-    # identical shards (heterogeneity 0): the joiner and the forger share device 2, so a round may hold
-    # that shard twice or, once the joiner bans the forger, in a group without it
+    # The run has far more steps than the test watches: however slowly the joiner starts on a busy
+    # machine, it finds the run going. The test stops everyone once the joiner has synced, trained on
+    # and the run has converged (observed in the logs). Identical shards (heterogeneity 0): the joiner
+    # and the forger share device 2, so a round may hold that shard twice or, once the joiner bans the
+    # forger, in a group without it.
     task = {**CONFIG["task"], "heterogeneity": 0.0}  # type: ignore[dict-item]
-    path = swarm.write_config({**CONFIG, "run_id": "forged", "max_steps": steps, "task": task})
+    path = swarm.write_config({**CONFIG, "run_id": "forged", "max_steps": 100_000, "task": task})
     honest = [swarm.start(path, i) for i in range(2)]
     forger = swarm.start(
         path, 2, launcher=[sys.executable, "-m", "tests.integration.malicious_peer", "forge"]
     )
     swarm.wait_until(lambda: max(honest[0].steps(), default=0) >= 1, 150, "a first step before the joiner")
     joiner = swarm.start(path, 2)
-    summaries = [swarm.finish(p, timeout_s=240) for p in [*honest, joiner]]
 
-    assert len({s["hash"] for s in summaries}) == 1, summaries
-    assert all(s["step"] == steps for s in summaries)
-    assert summaries[0]["metric"] < CONFIG["target_rel_distance"], f"did not converge: {summaries[0]}"
+    def converged(p: Peer) -> bool:
+        last = [r for r in p.records() if "event" not in r][-1:]
+        return bool(last) and last[0]["metric"] < CONFIG["target_rel_distance"]
+
+    def synced_and_trained() -> bool:
+        joined = [r["step"] for r in joiner.records() if r.get("event") == "sync"]
+        return bool(joined) and joiner.last_step() >= joined[0] + 5
+
+    swarm.wait_until(
+        lambda: synced_and_trained() and all(converged(p) for p in [*honest, joiner]),
+        240,
+        "the joiner to sync and train on, and the run to converge",
+    )
+    for p in [*honest, joiner, forger]:
+        assert p is forger or p.proc.poll() is None, f"peer {p.index} stopped:\n{p.err.read_text()[-2000:]}"
+        swarm.kill(p)
+
+    # every step's state is the same in every honest log that has it (the joiner's included)
+    by_step: dict[int, set[str]] = {}
+    for p in [*honest, joiner]:
+        for step, digest in p.steps().items():
+            by_step.setdefault(step, set()).add(digest)
+    assert all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
     line = next((x for x in forger.err.read_text().splitlines() if ": peer " in x), None)
     assert line is not None, forger.err.read_text()[-1500:]
     forger_key = line.split(": peer ", 1)[1].split(",", 1)[0]
     for p in [*honest, joiner]:
         synced = [r for r in p.records() if r.get("event") == "sync"]
         assert not any(r["source"] == forger_key for r in synced), f"peer {p.index} took the forged state"
-    joined = [r for r in joiner.records() if r.get("event") == "sync"]
-    assert joined, "the late joiner never synchronized"
     bans = [r for r in joiner.records() if r.get("event") == "ban" and r["banned"] == forger_key]
     assert bans and "forged state" in bans[0]["reason"], [r for r in joiner.records() if "event" in r]
