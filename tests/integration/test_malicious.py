@@ -125,7 +125,7 @@ def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) ->
     joiner asks it first): the joiner finds that other members vouch for another state at that step,
     bans it, and syncs from an honest peer; no honest peer ever adopts the forged state."""
     # The run has far more steps than the test watches: however slowly the joiner starts on a busy
-    # machine, it finds the run going. The test stops everyone once the joiner has synced, trained on
+    # machine, it finds the run going. The test stops everyone once the joiner has synced and kept up
     # and the run has converged (observed in the logs). Identical shards (heterogeneity 0): the joiner
     # and the forger share device 2, so a round may hold that shard twice or, once the joiner bans the
     # forger, in a group without it.
@@ -142,23 +142,30 @@ def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) ->
         last = [r for r in p.records() if "event" not in r][-1:]
         return bool(last) and last[0]["metric"] < CONFIG["target_rel_distance"]
 
-    def synced_and_trained() -> bool:
+    def states(p: Peer) -> dict[int, str]:
+        """step -> hash of every state this peer held: committed ones and adopted (synced) ones."""
+        held = {r["step"]: r["hash"] for r in p.records() if r.get("event") == "sync"}
+        return {**held, **p.steps()}
+
+    def synced_and_kept_up() -> bool:
+        # The joiner alone holds proof against the forger (bans are local): as the minority accuser it
+        # may be left out of the group the forger is in, and then follows the run by downloads only.
         joined = [r["step"] for r in joiner.records() if r.get("event") == "sync"]
-        return bool(joined) and joiner.last_step() >= joined[0] + 5
+        return bool(joined) and max(states(joiner)) >= joined[0] + 5
 
     swarm.wait_until(
-        lambda: synced_and_trained() and all(converged(p) for p in [*honest, joiner]),
+        lambda: synced_and_kept_up() and all(converged(p) for p in honest),
         240,
-        "the joiner to sync and train on, and the run to converge",
+        "the joiner to sync and keep up, and the run to converge",
     )
     for p in [*honest, joiner, forger]:
         assert p is forger or p.proc.poll() is None, f"peer {p.index} stopped:\n{p.err.read_text()[-2000:]}"
         swarm.kill(p)
 
-    # every step's state is the same in every honest log that has it (the joiner's included)
+    # every state is the same in every honest log that has its step (the joiner's included)
     by_step: dict[int, set[str]] = {}
     for p in [*honest, joiner]:
-        for step, digest in p.steps().items():
+        for step, digest in states(p).items():
             by_step.setdefault(step, set()).add(digest)
     assert all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
     line = next((x for x in forger.err.read_text().splitlines() if ": peer " in x), None)
