@@ -81,10 +81,6 @@ class Role(StrEnum):
 
 JOIN = "collab.join"
 JOIN_ANSWER_MARGIN_S = 0.5  # a leader answers a joiner at least this long before the joiner gives up
-# a leader with enough members closes this long before its first joiner's answer is due, rather than keep
-# waiting for announced peers that may never come (they follow another leader: one this leader's
-# joiners would not follow, or one that bans them)
-CLOSE_BEFORE_ANSWER_S = 0.25
 MAX_AVOIDED = 64  # banned peers a joiner names to the leader
 
 
@@ -138,7 +134,6 @@ class _Round:
     hashes: dict[str, str | None] = field(default_factory=dict)
     mismatched: set[str] = field(default_factory=set)
     avoids: dict[str, set[str]] = field(default_factory=dict)  # joiner -> the peers it bans
-    answer_by: dict[str, float] = field(default_factory=dict)  # joiner -> when its answer is due
     conflicts: set[str] = field(default_factory=set)  # joiners left out: they ban, or are banned by, members
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
@@ -381,15 +376,11 @@ class Matchmaker:
             settled = waited and all_announced_joined and enough
             # this peer is behind: the others' alive records are past this round, and nobody will come
             behind = waited and not enough and self._could_come(round_id) + 1 < self.cfg.min_group_size
-            # a joiner is about to be answered 'timeout': close with who is here rather than lose them all
-            due = min((r.answer_by[p] for p in r.joiners if p in r.answer_by), default=math.inf)
-            pressed = enough and now >= due - CLOSE_BEFORE_ANSWER_S
             if (
                 (target is not None and size >= target)
                 or everyone_here
                 or settled
                 or behind
-                or pressed
                 or now >= deadline
             ):
                 break
@@ -456,7 +447,6 @@ class Matchmaker:
         if isinstance(wait_s, (int, float)) and math.isfinite(wait_s):
             budget = min(budget, wait_s - JOIN_ANSWER_MARGIN_S)
         give_up = time.monotonic() + budget
-        r.answer_by[remote] = give_up
         while True:
             done, _ = await asyncio.wait({r.group}, timeout=0.05)
             if done:
