@@ -55,8 +55,9 @@ from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportErro
 logger = logging.getLogger(__name__)
 
 CONFIRM = "collab.confirm"
-_DOMAIN = b"collab-part-v1|"
+_DOMAIN = b"collab-part-v2|"
 _LIST_DOMAIN = b"collab-confirm-v1|"
+MAX_CONFIRM_BYTES = 64 * 1024  # a signed list: ~330 bytes per part
 MAX_LISTS = 256  # signed lists one collection holds (more than any group has members)
 
 
@@ -89,10 +90,12 @@ class Statement:
     key: str
     signature: str
 
-    def valid(self) -> bool:
+    def valid(self, group_id: str, j: int) -> bool:
+        """Signed by ``key`` for part ``j`` of group ``group_id`` (a statement of another group or part,
+        however genuine, is not valid here)."""
         try:
             Ed25519PublicKey.from_public_bytes(bytes.fromhex(self.key)).verify(
-                bytes.fromhex(self.signature), _DOMAIN + self.digest.encode()
+                bytes.fromhex(self.signature), _statement_message(group_id, j, self.digest)
             )
         except (ValueError, InvalidSignature):
             return False
@@ -118,17 +121,19 @@ class Agreement:
         self._key = Ed25519PrivateKey.generate()
         self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
         self._collections: dict[str, _Collection] = {}  # group id -> the lists, as that round's collector
-        node.serve(CONFIRM, self._handle)
+        node.serve(CONFIRM, self._handle, max_payload=MAX_CONFIRM_BYTES)
 
     # ---- statements ---------------------------------------------------------------------------------
-    def sign(self, digest: str) -> Statement:
-        return Statement(digest, self.public, self._key.sign(_DOMAIN + digest.encode()).hex())
+    def sign(self, group_id: str, j: int, digest: str) -> Statement:
+        """This owner's statement on part ``j`` of group ``group_id``."""
+        signature = self._key.sign(_statement_message(group_id, j, digest)).hex()
+        return Statement(digest, self.public, signature)
 
     def check(self, group: Group, j: int, digest: str, raw: object) -> Statement:
         """The owner of part ``j``'s statement on the part this member received (``digest``); an owner that
         sent none, or one that does not match the part, is banned and the round fails."""
         stmt = Statement.from_wire(raw)
-        if stmt is None or stmt.digest != digest or not stmt.valid():
+        if stmt is None or stmt.digest != digest or not stmt.valid(group.group_id, j):
             owner = group.peers[j]
             self.bans.ban(owner, "part without a valid signed statement", group.round_id)
             raise RoundFailed(f"part {j} from {owner[-6:]} carries no valid statement")
@@ -163,10 +168,9 @@ class Agreement:
         coll = self._collection(str(header.get("group_id", ""))[:64])
         if remote not in coll.lists and len(coll.lists) >= MAX_LISTS:
             raise RuntimeError("too many confirmations for that group")
-        try:
-            mine = json.loads(payload)
-        except ValueError:
-            raise RuntimeError("malformed confirmation") from None
+        mine = _signed_list_shape(payload)
+        if mine is None:
+            raise RuntimeError("malformed confirmation")
         coll.lists.setdefault(remote, mine)  # a member's first word stands
         coll.check_complete()
         lists = await self._collected(coll)
@@ -209,15 +213,25 @@ class Agreement:
                     json.dumps(own).encode(),
                     timeout_s=self.timing.part_call_s,
                 )
-            except RemoteError as e:  # the collector answered: nobody commits this round
-                raise RoundFailed(f"confirmation failed at {collector[-6:]}: {e}") from None
+            except RemoteError as e:  # an honest collector fails the round for all; a lying one may not
+                raise Unconfirmed(f"confirmation failed at {collector[-6:]}: {e}", others) from None
             except TransportError as e:
                 raise Unconfirmed(f"no confirmation from {collector[-6:]}: {e}", others) from None
             try:
                 lists = json.loads(payload)
             except ValueError:
                 lists = None
-        self._judge(group, statements, lists, members)
+        try:
+            self._judge(group, statements, lists, members)
+        except SplitRound:
+            if mine in members:  # every member's list is waited for: with a real split nobody commits
+                raise
+            raise Unconfirmed(f"round {group.round_id}: split seen by a dropped member", others) from None
+        except RoundFailed as e:
+            if collector == mine:
+                raise
+            # a list missing or unverifiable: a lying collector may have given the others a full answer
+            raise Unconfirmed(str(e), others) from None
 
     def _judge(
         self, group: Group, statements: Sequence[Statement], lists: object, members: list[str]
@@ -243,8 +257,10 @@ class Agreement:
 
     @staticmethod
     def _same(statements: Sequence[Statement], listed: list[object]) -> bool:
+        # the key too: an owner that signed the same digest under different keys for different members
+        # could otherwise pass one member's check and fail another's
         return len(listed) == len(statements) and all(
-            isinstance(x, list) and len(x) == 3 and x[0] == s.digest
+            isinstance(x, list) and len(x) == 3 and x[0] == s.digest and x[1] == s.key
             for x, s in zip(listed, statements, strict=True)
         )
 
@@ -260,7 +276,11 @@ class Agreement:
             if theirs is not None and theirs.digest == ours.digest:
                 continue
             owner = group.peers[j]
-            if theirs is None or not theirs.valid() or (owner == peer and theirs.key != ours.key):
+            if (
+                theirs is None
+                or not theirs.valid(group.group_id, j)
+                or (owner == peer and theirs.key != ours.key)
+            ):
                 self.bans.ban(peer, f"confirmation of part {j} without its owner's statement", group.round_id)
             elif theirs.key == ours.key:
                 self.bans.ban(owner, f"signed two different versions of part {j}", group.round_id)
@@ -293,8 +313,31 @@ class _Collection:
             self.outcome.set_result(why)
 
 
+def _statement_message(group_id: str, j: int, digest: str) -> bytes:
+    return _DOMAIN + f"{group_id}|{j}|{digest}".encode()
+
+
 def _list_message(group_id: str, parts: list[list[str]]) -> bytes:
     return _LIST_DOMAIN + f"{group_id}|".encode() + json.dumps(parts, separators=(",", ":")).encode()
+
+
+def _signed_list_shape(payload: bytes) -> dict[str, object] | None:
+    """A signed list as sent (``parts``, ``key``, ``signature``; strings only), nothing else kept."""
+    try:
+        raw = json.loads(payload)
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(raw, dict):
+        return None
+    parts, key, signature = raw.get("parts"), raw.get("key"), raw.get("signature")
+    if not (isinstance(parts, list) and isinstance(key, str) and isinstance(signature, str)):
+        return None
+    if len(parts) > MAX_LISTS or not all(
+        isinstance(x, list) and len(x) == 3 and all(isinstance(y, str) and len(y) <= 256 for y in x)
+        for x in parts
+    ):
+        return None
+    return {"parts": parts, "key": key[:256], "signature": signature[:256]}
 
 
 def _verified_parts(group_id: str, raw: object, key: str) -> list[object] | None:

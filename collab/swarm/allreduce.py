@@ -191,7 +191,8 @@ class ExactReducer:
             assert slot.group is not None and slot.result is not None
             _, excluded = slot.result.result()
             dropped = {str(i): r for i, r in excluded.items()}
-            slot.statement = self.agreement.sign(part_digest(slot.group.group_id, j, result, dropped))
+            gid = slot.group.group_id
+            slot.statement = self.agreement.sign(gid, j, part_digest(gid, j, result, dropped))
         return slot.statement
 
     def _check(self, slot: _Slot, i: int) -> tuple[CompressedMessage, float]:

@@ -92,7 +92,8 @@ def _split_parts() -> None:
             part = CompressedMessage.from_bytes(blob)
             blob = replace(part, values=part.values * 1.001 + 1e-6).to_bytes()
             digest = part_digest(str(header["group_id"]), int(header["part"]), blob, answer["excluded"])
-            answer = {**answer, "statement": self.agreement.sign(digest).to_wire()}
+            signed = self.agreement.sign(str(header["group_id"]), int(header["part"]), digest)
+            answer = {**answer, "statement": signed.to_wire()}
         return answer, blob
 
     allreduce.ExactReducer._handle_part = split  # type: ignore[method-assign]

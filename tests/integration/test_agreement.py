@@ -45,7 +45,7 @@ class Round:
 
     def statement(self, j: int, blob: bytes) -> Statement:
         owner = self.agreements[self.peers[j]]
-        return owner.sign(part_digest(self.group.group_id, j, blob, {}))
+        return owner.sign(self.group.group_id, j, part_digest(self.group.group_id, j, blob, {}))
 
     def confirm_all(self) -> dict[str, BaseException | None]:
         """Every member confirms at once; ``None``: it would commit."""
@@ -143,3 +143,18 @@ def test_a_collector_cannot_hide_a_split(
     assert all(e is not None for e in outcome.values()), f"a member committed: {outcome}"
     assert not isinstance(outcome[honest], SplitRound), "the honest member sees an unverifiable list"
     assert isinstance(outcome[victim], SplitRound), "the victim still sees the others' lists differ"
+
+
+@pytest.mark.timeout(120)
+def test_a_replayed_statement_frames_nobody_but_its_replayer(make_round: Callable[[str], Round]) -> None:
+    r = make_round("6")
+    owner, liar = r.peers[1], r.peers[2]
+    # a genuine statement of the owner, from another round: valid there, not here
+    old = r.agreements[owner].sign("another-group", 1, part_digest("another-group", 1, b"old part", {}))
+    r.held[liar][1] = old
+    outcome = r.confirm_all()
+    assert all(e is not None for e in outcome.values()), f"a member committed: {outcome}"
+    banned = r.banned()
+    honest_views = [bans for p, bans in banned.items() if p != liar]  # what the liar does is its own
+    assert all(owner not in bans for bans in honest_views), f"the owner was framed: {banned}"
+    assert all(liar in bans for p, bans in banned.items() if p != liar), banned
