@@ -198,12 +198,6 @@ class Agreement:
             coll.peers, coll.expected = set(group.peers), set(members)
             coll.check_complete()
             lists: object = await self._collected(coll)
-            # each list came to us straight from its member: one that does not verify under the key
-            # that member signed its part with is that member's doing
-            for peer, raw in lists.items() if isinstance(lists, dict) else ():
-                j = group.peers.index(peer) if peer in group.peers else -1
-                if j >= 0 and _verified_parts(group.group_id, raw, statements[j].key) is None:
-                    self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
         else:
             try:
                 _, payload = await self.node.call(
@@ -222,7 +216,7 @@ class Agreement:
             except ValueError:
                 lists = None
         try:
-            self._judge(group, statements, lists, members)
+            self._judge(group, statements, lists, members, direct=collector == mine)
         except SplitRound:
             if mine in members:  # every member's list is waited for: with a real split nobody commits
                 raise
@@ -234,9 +228,17 @@ class Agreement:
             raise Unconfirmed(str(e), others) from None
 
     def _judge(
-        self, group: Group, statements: Sequence[Statement], lists: object, members: list[str]
+        self,
+        group: Group,
+        statements: Sequence[Statement],
+        lists: object,
+        members: list[str],
+        *,
+        direct: bool,
     ) -> None:
-        """Commit (return) only when every member's signed list holds exactly ``statements``' digests."""
+        """Commit (return) only when every member's signed list holds exactly ``statements``' digests.
+        ``direct``: this member is the collector, so each list came straight from its member, and one
+        that does not verify under the key that member signed its part with is that member's doing."""
         if not isinstance(lists, dict):
             raise RoundFailed(f"round {group.round_id}: malformed confirmation")
         split, unverified = [], []
@@ -245,6 +247,8 @@ class Agreement:
             listed = _verified_parts(group.group_id, raw, statements[j].key) if j >= 0 else None
             if listed is None:
                 unverified.append(str(peer)[-6:])
+                if direct and j >= 0:
+                    self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
             elif not self._same(statements, listed):
                 split.append(peer)
                 self._blame(group, statements, peer, listed)

@@ -85,6 +85,15 @@ class Peer:
         return max(steps) if steps else -1
 
 
+def differing_steps(logs: Sequence[dict[int, str]]) -> dict[int, set[str]]:
+    """The steps at which the given step -> hash maps (one per peer) hold more than one hash."""
+    by_step: dict[int, set[str]] = {}
+    for steps in logs:
+        for step, digest in steps.items():
+            by_step.setdefault(step, set()).add(digest)
+    return {step: hashes for step, hashes in by_step.items() if len(hashes) > 1}
+
+
 @dataclass
 class Swarm:
     tmp: Path

@@ -22,7 +22,7 @@ from collab.swarm.records import make_validators
 from collab.swarm.transport import SwarmNode
 from monitor.service import Monitor
 from monitor.store import MonitorStore
-from tests.integration.swarm_harness import Peer, Swarm
+from tests.integration.swarm_harness import Peer, Swarm, differing_steps
 
 STEPS = 100
 ATTACKS = {
@@ -90,13 +90,10 @@ def _check_run(
 ) -> None:
     # Identical state at the end and at every step any two honest peers both logged.
     assert len({s["hash"] for s in summaries}) == 1, summaries
-    by_step: dict[int, set[str]] = {}
     for p in honest:
         steps = [r["step"] for r in p.records() if "event" not in r]
         assert steps == sorted(set(steps)), f"peer {p.index}: a step applied twice"
-        for step, h in p.steps().items():
-            by_step.setdefault(step, set()).add(h)
-    assert all(len(h) == 1 for h in by_step.values()), "honest states diverged"
+    assert not differing_steps([p.steps() for p in honest]), "honest states diverged"
     assert all(s["step"] == STEPS for s in summaries)
     assert summaries[0]["metric"] < CONFIG["target_rel_distance"], f"did not converge: {summaries[0]}"
 
@@ -163,11 +160,8 @@ def test_forged_state_is_never_adopted_and_its_server_is_banned(swarm: Swarm) ->
         swarm.kill(p)
 
     # every state is the same in every honest log that has its step (the joiner's included)
-    by_step: dict[int, set[str]] = {}
-    for p in [*honest, joiner]:
-        for step, digest in states(p).items():
-            by_step.setdefault(step, set()).add(digest)
-    assert all(len(h) == 1 for h in by_step.values()), {s: h for s, h in by_step.items() if len(h) > 1}
+    split = differing_steps([states(p) for p in [*honest, joiner]])
+    assert not split, split
     line = next((x for x in forger.err.read_text().splitlines() if ": peer " in x), None)
     assert line is not None, forger.err.read_text()[-1500:]
     forger_key = line.split(": peer ", 1)[1].split(",", 1)[0]

@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from tests.conftest import CONFIGS
-from tests.integration.swarm_harness import Swarm
+from tests.integration.swarm_harness import Swarm, differing_steps
 
 PEERS = 16
 FULL_ROUNDS = 2  # rounds of all 16 each peer must commit (one takes 3-5 s on 2 cores)
@@ -40,11 +40,7 @@ def test_sixteen_volunteers_keep_one_state(swarm: Swarm) -> None:
         assert p.proc.poll() is None, f"peer {p.index} stopped:\n{p.err.read_text()[-2000:]}"
         swarm.kill(p)
 
-    by_step: dict[int, set[str]] = {}
-    for p in peers:
-        for step, digest in p.steps().items():
-            by_step.setdefault(step, set()).add(digest)
-    split = {step: hashes for step, hashes in by_step.items() if len(hashes) > 1}
+    split = differing_steps([p.steps() for p in peers])
     assert not split, f"states differ at steps {sorted(split)[:10]}"
     # a round of 16 is a round of everyone: each such step is in every log
     full = [_full_steps(p.records()) for p in peers]
