@@ -19,6 +19,12 @@ announcements, and every other member calls it at once. Anything unusual - the l
 redirecting, a peer joined or left the alive view (a newcomer appears there within a heartbeat, and the
 members then announce again, so it finds them) - falls back to the protocol above for that round.
 
+**A round is committed once.** A peer neither starts nor a leader closes a group for a round that
+``min_group_size`` other peers' alive records already show done (their step is past it; for ``k.init``,
+at ``k``): a second group committing it would split the run's state into two lineages (seen with 16
+peers starting slowly: a late peer with the smallest key led a second ``0.init``). The round fails with
+"already committed" and the peer catches up by state download. A single record cannot stop rounds.
+
 A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
 gets ``closed`` and its round fails (it is late and will resynchronize). A group below
 ``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped; banned
@@ -241,6 +247,31 @@ class Matchmaker:
                 count += 1
         return count
 
+    def committed_elsewhere(self, round_id: str, members: Iterable[str] = ()) -> set[str]:
+        """Expected peers, outside ``members`` and this one, whose alive record says they already hold the
+        state ``round_id`` produces (``k.init`` makes step ``k``, any other phase of step ``k`` is done
+        once the record is past ``k``): a group of them committed the round."""
+        try:
+            step_text, phase = round_id.split(".", 1)
+            step = int(step_text)
+        except ValueError:
+            return set()
+        done_at = step if phase == "init" else step + 1
+        skip = {self.node.peer_key, *members}
+        return {
+            p
+            for p in self._expected() - skip
+            if (rec := self.alive_peers.get(p)) is not None and rec.step >= done_at
+        }
+
+    def _check_not_committed(self, round_id: str, members: Iterable[str] = ()) -> None:
+        """Raise :class:`RoundFailed` when enough peers for a whole group (``min_group_size``; one lying
+        record cannot stop rounds) already committed ``round_id``: a second group committing it would
+        split the run's state in two lineages. The peers then catch up by state download instead."""
+        done = self.committed_elsewhere(round_id, members)
+        if len(done) >= max(1, self.cfg.min_group_size):
+            raise RoundFailed(f"round {round_id}: {len(done)} peer(s) already committed it; catching up")
+
     def remember_group(self, members: Iterable[str]) -> None:
         """The group of ``members`` committed a round: the next may take the steady-state path (empty:
         a round failed, the next looks for its group the usual way)."""
@@ -264,6 +295,7 @@ class Matchmaker:
         if r.closed:  # we are retrying this round: a new group, a new leader state
             self._rounds.pop(round_id, None)
             r = self._round(round_id)
+        self._check_not_committed(round_id)
         steady = self._steady_leader()
         if steady is not None:
             if steady == me:
@@ -409,6 +441,12 @@ class Matchmaker:
             r.group.set_exception(err)
             r.group.exception()  # mark retrieved: joiners' handlers read it too
             raise err
+        try:  # the view may have learned of it while this group formed (a slow start, a slow DHT)
+            self._check_not_committed(round_id, (p for _, p in members))
+        except RoundFailed as err:
+            r.group.set_exception(err)
+            r.group.exception()
+            raise
         group = Group(round_id, tuple(members), secrets.token_hex(8))
         r.group.set_result(group)
         return group

@@ -1,14 +1,18 @@
-"""Two peers at the same step with different states never average together: the leader refuses the
-joiner, which learns whose state to adopt (guards against a swarm split by two groups at one step)."""
+"""Guards against a swarm split by two groups at one step. Two peers at the same step with different states
+never average together: the leader refuses the joiner, which learns whose state to adopt. And a group never
+forms for a round that enough peers for a group already committed (their alive records are past it): its
+members catch up by download instead of committing a second version of the round."""
 
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Callable
 
 import pytest
 
 from collab.config import SwarmConfig
-from collab.swarm.matchmaking import Matchmaker, StateMismatch
+from collab.methods.base import RoundFailed
+from collab.swarm.matchmaking import Group, Matchmaker, StateMismatch
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.transport import SwarmNode
 
@@ -37,10 +41,65 @@ def test_leader_refuses_a_joiner_with_another_state() -> None:
         a.shutdown()
 
 
-async def _gather(a: SwarmNode, b: SwarmNode, makers: dict[str, Matchmaker]) -> list[object]:
-    """Both peers try to form round 3.delta at once (each on its own node's loop)."""
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(
+    ("round_id", "ours", "theirs", "learned"),
+    [
+        ("3.delta", 3, 4, "before"),  # two others finished step 3: a second group of it would split the run
+        ("3.delta", 3, 4, "while forming"),  # their records arrive while the group forms: it never closes
+        ("0.init", -1, 0, "before"),  # two others hold an initial state: a second initial round would split
+        ("3.delta", 3, 3, "before"),  # the others are at our step: they may come, the round goes on
+    ],
+)
+def test_no_group_for_a_round_others_committed(round_id: str, ours: int, theirs: int, learned: str) -> None:
+    cfg = SwarmConfig(min_group_size=2, min_matchmaking_time_s=0.5, matchmaking_timeout_s=4.0)
+    a = SwarmNode()
+    b = SwarmNode(initial_peers=a.visible_maddrs())
+    try:
+        makers = {}
+        for node, device in ((a, 0), (b, 1)):
+            makers[node.peer_key] = Matchmaker(
+                node=node, run_id="past", cfg=cfg, device_index=device, config_version="v"
+            )
+
+        def view(step: int) -> None:  # two peers the view knows by their records only (they never answer)
+            others = {
+                f"12D3KooWzzzzOther{i}": AliveRecord(step=step, status=PeerStatus.TRAINING) for i in (1, 2)
+            }
+            mine = AliveRecord(step=ours, status=PeerStatus.TRAINING)
+            for mm in makers.values():
+                mm.alive_peers = {a.peer_key: mine, b.peer_key: mine, **others}
+
+        view(ours if learned == "while forming" else theirs)
+        later = (lambda: view(theirs)) if learned == "while forming" else None
+        results = a.run(_gather(a, b, makers, round_id, later), timeout_s=30)
+        outcome = dict(zip([a.peer_key, b.peer_key], results, strict=True))
+        if theirs == ours:
+            assert all(isinstance(o, Group) and len(o) == 2 for o in outcome.values()), outcome
+        else:
+            leader = min(outcome)
+            assert isinstance(outcome[leader], RoundFailed), outcome
+            assert "already committed" in str(outcome[leader]), outcome
+            assert all(isinstance(o, RoundFailed) for o in outcome.values()), outcome
+    finally:
+        b.shutdown()
+        a.shutdown()
+
+
+async def _gather(
+    a: SwarmNode,
+    b: SwarmNode,
+    makers: dict[str, Matchmaker],
+    round_id: str = "3.delta",
+    later: Callable[[], None] | None = None,
+) -> list[object]:
+    """Both peers try to form ``round_id`` at once (each on its own node's loop); ``later`` runs a moment
+    after they started (before the leader may close)."""
     futures = []
     for n in (a, b):
-        coro = makers[n.peer_key].form_group("3.delta")
+        coro = makers[n.peer_key].form_group(round_id)
         futures.append(asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, n._loop)))
+    if later is not None:
+        await asyncio.sleep(0.2)
+        later()
     return await asyncio.gather(*futures, return_exceptions=True)
