@@ -48,7 +48,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
-from collab.swarm.matchmaking import Group
+from collab.swarm.matchmaking import Group, LeftBehind
 from collab.swarm.timing import Timing
 from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError
 
@@ -65,13 +65,9 @@ class SplitRound(RoundFailed):
     """Members of a round assembled different aggregates; nobody commits."""
 
 
-class Unconfirmed(RoundFailed):
+class Unconfirmed(LeftBehind):
     """A member of the round did not answer the confirmation: those it did answer may have committed.
-    ``peers``: the round's other members (see ``Catchup.after_unconfirmed``)."""
-
-    def __init__(self, message: str, peers: Sequence[str]) -> None:
-        super().__init__(message)
-        self.peers = list(peers)
+    ``peers``: the round's other members."""
 
 
 def part_digest(group_id: str, j: int, blob: bytes, excluded: Mapping[str, str]) -> str:
@@ -208,9 +204,13 @@ class Agreement:
                     timeout_s=self.timing.part_call_s,
                 )
             except RemoteError as e:  # an honest collector fails the round for all; a lying one may not
-                raise Unconfirmed(f"confirmation failed at {collector[-6:]}: {e}", others) from None
+                raise Unconfirmed(
+                    f"confirmation failed at {collector[-6:]}: {e}", others, self.timing.unconfirmed_s
+                ) from None
             except TransportError as e:
-                raise Unconfirmed(f"no confirmation from {collector[-6:]}: {e}", others) from None
+                raise Unconfirmed(
+                    f"no confirmation from {collector[-6:]}: {e}", others, self.timing.unconfirmed_s
+                ) from None
             try:
                 lists = json.loads(payload)
             except ValueError:
@@ -220,12 +220,14 @@ class Agreement:
         except SplitRound:
             if mine in members:  # every member's list is waited for: with a real split nobody commits
                 raise
-            raise Unconfirmed(f"round {group.round_id}: split seen by a dropped member", others) from None
+            raise Unconfirmed(
+                f"round {group.round_id}: split seen by a dropped member", others, self.timing.unconfirmed_s
+            ) from None
         except RoundFailed as e:
             if collector == mine:
                 raise
             # a list missing or unverifiable: a lying collector may have given the others a full answer
-            raise Unconfirmed(str(e), others) from None
+            raise Unconfirmed(str(e), others, self.timing.unconfirmed_s) from None
 
     def _judge(
         self,

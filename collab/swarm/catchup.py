@@ -84,11 +84,12 @@ class Catchup:
         floor = 0 if self.method.local_start and self.step < 0 else self.step
         return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > floor]
 
-    def after_unconfirmed(self, peers: list[str], stop: Callable[[float], bool]) -> bool:
-        """A confirmation went unanswered, so some of ``peers`` may have committed the round: wait (up to
-        ``Timing.unconfirmed_s``, or until ``stop(seconds)`` says to stop) for one of them to show a step
-        past ours in the alive view, and take its state. ``False`` when none moves ahead."""
-        deadline = time.monotonic() + self.source.timing.unconfirmed_s
+    def follow(self, peers: list[str], wait_s: float, stop: Callable[[float], bool]) -> bool:
+        """This peer is out of a round that some of ``peers`` may commit (a confirmation went unanswered,
+        a group left it out): wait (up to ``wait_s``, or until ``stop(seconds)`` says to stop) for one of
+        them to show a step past ours in the alive view, and take its state. ``False`` when none moves
+        ahead."""
+        deadline = time.monotonic() + wait_s
         members = set(peers)
         while time.monotonic() < deadline:
             if any(p in members for _, p in self.peers_ahead()):

@@ -33,9 +33,12 @@ peers (:mod:`collab.swarm.bans`) are skipped too, and refused when they ask to j
 **Bans are local**, so a joiner names the peers it has banned (``avoid``) and the leader never closes a
 group holding both a peer and one it bans (their round would fail at the exchange, every time): the
 accused peer stays out when a majority of the group bans it, otherwise the accuser does (answered
-``conflict``; it fails the round and catches up by state download), so a peer that bans honest members
-only shuts itself out. The leader then suspects the peer it left out, so the next rounds do not wait for
-it.
+``conflict``; it fails the round, waits for the group's members to move ahead and takes their state), so
+a peer that bans honest members only shuts itself out. The leader then suspects the peer it left out, so
+the next rounds do not wait for it. A joiner redirected to a leader it bans (its view of bans differs
+from the others') does the same at once, rather than ask again until the round's deadline; and a peer
+that sees a peer it bans announced with the smallest key joins it once, naming the ban, so that the group
+of those who follow it does not wait for this peer until the deadline.
 """
 
 from __future__ import annotations
@@ -141,10 +144,21 @@ class _Round:
     mismatched: set[str] = field(default_factory=set)
     avoids: dict[str, set[str]] = field(default_factory=dict)  # joiner -> the peers it bans
     conflicts: set[str] = field(default_factory=set)  # joiners left out: they ban, or are banned by, members
+    declined: dict[str, asyncio.Task[Group | None]] = field(default_factory=dict)  # banned leaders told
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
     closed: bool = False
     created: float = field(default_factory=time.monotonic)
+
+
+class LeftBehind(RoundFailed):
+    """This peer is out of a round that others may commit without it: rather than redo the step apart
+    (a second version of it would split the run's state), wait for one of ``peers`` to move ahead and
+    take its state (``Catchup.follow``), for up to ``wait_s``."""
+
+    def __init__(self, message: str, peers: Iterable[str], wait_s: float) -> None:
+        super().__init__(message)
+        self.peers, self.wait_s = list(peers), wait_s
 
 
 class StateMismatch(RoundFailed):
@@ -312,7 +326,7 @@ class Matchmaker:
             min(0.02, self.cfg.min_matchmaking_time_s / 4)
         )  # let peers of this round announce
         while time.monotonic() < deadline:
-            announced = await self._announced(round_id)
+            announced = await self._announced(round_id, deadline)
             leader = min([me, *announced])
             if leader == me:
                 r.role, r.leader = Role.LEADER, me
@@ -351,6 +365,15 @@ class Matchmaker:
             members = tuple((int(d), str(p)) for d, p in answer["members"])
             return Group(round_id, members, str(answer.get("nonce", "")))
         if status == JoinStatus.REDIRECT:
+            real = answer.get("leader")
+            if isinstance(real, str) and self.bans.is_banned(real):
+                # the others follow a peer this one bans: asking again until the deadline cannot help
+                self._decline(round_id, real, deadline)
+                raise LeftBehind(
+                    f"round {round_id}: its leader {real[-6:]} is banned here",
+                    [leader],
+                    self.timing.left_out_s,
+                )
             await asyncio.sleep(0.02)
             return None
         if status == JoinStatus.STATE_MISMATCH:
@@ -358,19 +381,40 @@ class Matchmaker:
                 leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
             )
         if status == JoinStatus.CONFLICT:
-            raise RoundFailed(f"round {round_id}: left out (it bans, or is banned by, members of the group)")
+            raise LeftBehind(
+                f"round {round_id}: left out (it bans, or is banned by, members of the group)",
+                [leader],
+                self.timing.left_out_s,
+            )
         if status == JoinStatus.CONFIG_MISMATCH:  # that leader runs another config: never follow it
             self.suspect(leader)
             raise RoundFailed(f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}")
         raise RoundFailed(f"round {round_id}: leader {leader[-6:]} answered {status!r}")
 
-    async def _announced(self, round_id: str) -> dict[str, int]:
+    async def _announced(self, round_id: str, deadline: float) -> dict[str, int]:
+        """The peers that announced ``round_id`` and may be its leader or members (not suspected, not
+        banned). A banned one that the others would take for the leader is told this peer stays out."""
+        me = self.node.peer_key
         found = await self.node.dht_get_dict(self._key(round_id))
         out = {}
         for peer, dev in found.items():
-            if peer != self.node.peer_key and not self.is_suspect(peer) and isinstance(dev, int):
+            if peer != me and not self.is_suspect(peer) and isinstance(dev, int):
                 out[peer] = dev
+        banned = [p for p in found if p != me and self.bans.is_banned(p)]
+        if banned and min(banned) < min([me, *out]):
+            self._decline(round_id, min(banned), deadline)
         return out
+
+    def _decline(self, round_id: str, leader: str, deadline: float) -> None:
+        """Join ``leader``'s group once, naming the ban (``avoid``): peers that do not ban it follow it,
+        and its group would otherwise wait for this peer's announcement until the deadline (their round
+        then fails, every time, while the views of bans differ). It leaves this peer out (``conflict``)."""
+        r = self._round(round_id)
+        if leader in r.declined:
+            return
+        task = asyncio.create_task(self._ask(leader, round_id, deadline))
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())  # the answer does not matter
+        r.declined[leader] = task
 
     # ---- the leader's side --------------------------------------------------------------------------
     async def _lead(
@@ -384,7 +428,7 @@ class Matchmaker:
         while True:
             now = time.monotonic()
             if now - last_read > 0.1:
-                announced, last_read = await self._announced(round_id), now
+                announced, last_read = await self._announced(round_id, deadline), now
                 if not read_announced and not set(announced) <= set(r.joiners):
                     # someone looks for this round the usual way: let it find its leader
                     expiration = get_dht_time() + self.timing.announce_ttl_s

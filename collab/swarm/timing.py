@@ -34,6 +34,7 @@ class Timing:
     vouch_wait_s: float  # how long a downloaded state may wait for another member to vouch for it
     vouch_poll_s: float  # how often the vouches are read meanwhile
     unconfirmed_s: float  # after a confirmation went unanswered: how long to look for members that committed
+    left_out_s: float  # left out of a forming group: how long to look for its members moving ahead
     dht_s: float  # one DHT read or write
     view_wait_s: float  # at the start: how long to look for other peers before deciding to initialize
     tag_along_s: float | None  # past this, a device without a finished microbatch tags along (weight 0)
@@ -71,6 +72,10 @@ class Timing:
             vouch_poll_s=sw.heartbeat_interval_s / 2,
             # the others' confirmations resolve within a part call; their alive records follow a beat later
             unconfirmed_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S + 2 * sw.heartbeat_interval_s,
+            left_out_s=sw.matchmaking_timeout_s
+            + sw.allreduce_timeout_s
+            + UPLOAD_MARGIN_S
+            + 2 * sw.heartbeat_interval_s,
             dht_s=DHT_S,
             view_wait_s=3 * sw.heartbeat_interval_s,
             tag_along_s=tag_along,

@@ -25,14 +25,13 @@ from collab.config import RunConfig
 from collab.methods.base import Method, RoundFailed
 from collab.methods.build import build_method
 from collab.swarm.aggregator import SwarmAggregator
-from collab.swarm.agreement import Unconfirmed
 from collab.swarm.bans import BanEvent
 from collab.swarm.budget import RoundBudget
 from collab.swarm.catchup import Catchup, StateService
 from collab.swarm.checkpoints import Checkpointer
 from collab.swarm.config_guard import ConfigGuard, ConfigMismatch
 from collab.swarm.heartbeat import AliveView, Heartbeat
-from collab.swarm.matchmaking import StateMismatch
+from collab.swarm.matchmaking import LeftBehind, StateMismatch
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.reporting import EventLog, Reporter, ban_line
 from collab.swarm.state_sync import StateSource, Vouches
@@ -210,8 +209,8 @@ class Volunteer:
                 adopted = False
                 if isinstance(e, StateMismatch):  # two groups once committed this step apart
                     adopted = self.catchup.resolve_mismatch(e.peer)
-                elif isinstance(e, Unconfirmed):  # others may have committed: never redo it apart
-                    adopted = self.catchup.after_unconfirmed(e.peers, self.stop_event.wait)
+                elif isinstance(e, LeftBehind):  # others may commit it: never redo the step apart
+                    adopted = self.catchup.follow(e.peers, e.wait_s, self.stop_event.wait)
                 if adopted or self.catchup.sync():
                     last_progress = time.monotonic()
                 else:
