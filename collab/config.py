@@ -227,7 +227,16 @@ class SwarmConfig(_Section):
         4.0, gt=0, description="an alive record older than this means the peer left"
     )
     suspect_ttl_s: float = Field(15.0, gt=0, description="how long a peer that failed a call is avoided")
-    state_sync_timeout_s: float = Field(30.0, gt=0, description="time limit for downloading the state")
+    state_sync_timeout_s: float = Field(
+        30.0, gt=0, description="time limit for one call of a state download (one chunk of the state)"
+    )
+    state_chunk_bytes: int = Field(
+        8 * 1024**2,
+        ge=1024,
+        description="a state download moves the state in chunks of this many bytes, each checked as it "
+        "arrives; one that breaks off resumes from the next chunk, from any peer holding the same state "
+        "(at most max_message_bytes)",
+    )
     max_norm_ratio: float = Field(
         10.0,
         gt=1,

@@ -247,25 +247,38 @@ class MethodState:
             "hash": self.hash(),
         }
         head = json.dumps(header).encode()
+        head += b" " * (-(4 + len(head)) % 64)  # the tensors start aligned: a reader can use them in place
         body = b"".join(t.detach().contiguous().float().numpy().tobytes() for _, t in tensors)
         return len(head).to_bytes(4, "little") + head + body
 
     @classmethod
-    def from_bytes(cls, data: bytes) -> MethodState:
-        """Parse :meth:`to_bytes` output and check its hash; raises ``ValueError`` on any mismatch."""
+    def from_bytes(cls, data: bytes | bytearray) -> MethodState:
+        """Parse :meth:`to_bytes` output and check its hash; raises ``ValueError`` on any mismatch.
+
+        The tensors share the memory of a ``bytearray`` (no copy; the caller must not reuse it); ``bytes``
+        are copied once."""
+        buf = data if isinstance(data, bytearray) else bytearray(data)
         try:
-            n = int.from_bytes(data[:4], "little")
-            header = json.loads(data[4 : 4 + n])
+            n = int.from_bytes(buf[:4], "little")
+            header = json.loads(bytes(buf[4 : 4 + n]))
             offset = 4 + n
             tensors: dict[str, torch.Tensor] = {}
             for name, numel in header["tensors"]:
-                size = 4 * int(numel)
-                chunk = data[offset : offset + size]
-                if len(chunk) != size:
+                count = int(numel)
+                if count < 0 or offset + 4 * count > len(buf):
                     raise ValueError("truncated state")
-                tensors[str(name)] = torch.frombuffer(bytearray(chunk), dtype=torch.float32)
-                offset += size
-            if offset != len(data):
+                if count == 0:
+                    tensors[str(name)] = torch.zeros(0)
+                elif offset % 4:  # written unaligned (before the header was padded): copy
+                    tensors[str(name)] = torch.frombuffer(
+                        bytearray(buf[offset : offset + 4 * count]), dtype=torch.float32
+                    )
+                else:
+                    tensors[str(name)] = torch.frombuffer(
+                        buf, dtype=torch.float32, count=count, offset=offset
+                    )
+                offset += 4 * count
+            if offset != len(buf):
                 raise ValueError("trailing bytes after state")
             state = cls(
                 step=int(header["step"]),

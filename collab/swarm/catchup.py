@@ -12,44 +12,50 @@ import logging
 import time
 from collections.abc import Callable
 
-from collab.methods.base import Method
+from collab.methods.base import Method, MethodState
 from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.state_sync import (
-    STATE,
     ForgedState,
+    Partial,
     StateRejected,
+    StateServer,
     StateSource,
     Vouches,
     alive_steps,
-    asked_rounds,
     download_state,
 )
-from collab.swarm.transport import Header, SwarmNode
+from collab.swarm.transport import SwarmNode
 
 logger = logging.getLogger(__name__)
 
 
 class StateService:
-    """Serves ``method``'s committed state (never to banned peers)."""
+    """Serves ``method``'s committed state in chunks (never to banned peers; see
+    :mod:`collab.swarm.state_sync`)."""
 
-    def __init__(self, *, node: SwarmNode, method: Method, aggregator: SwarmAggregator, config_version: str):
-        self.method, self.aggregator, self.config_version = method, aggregator, config_version
-        node.serve(STATE, self._handle)
+    def __init__(
+        self,
+        *,
+        node: SwarmNode,
+        method: Method,
+        aggregator: SwarmAggregator,
+        config_version: str,
+        chunk_bytes: int,
+    ):
+        self.method, self.aggregator = method, aggregator
+        StateServer(
+            node,
+            state=lambda: self.served(),
+            method=method.name,
+            config_version=config_version,
+            chunk_bytes=chunk_bytes,
+            banned=aggregator.bans.is_banned,
+            used=lambda rounds, remote: [g for g in rounds if aggregator.contributed(g, remote)],
+        )
 
-    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
-        if self.aggregator.bans.is_banned(remote):
-            raise PermissionError("banned from this run")
-        state = self.method.state
-        if state is None:
-            raise RuntimeError("no state yet")
-        answer = {
-            "step": state.step,
-            "hash": state.hash(),
-            "method": self.method.name,
-            "version": self.config_version,
-            "used": [g for g in asked_rounds(header) if self.aggregator.contributed(g, remote)],
-        }
-        return answer, state.to_bytes()
+    def served(self) -> MethodState | None:
+        """The state a manifest hands out: the committed one."""
+        return self.method.state
 
 
 class Catchup:
@@ -72,6 +78,7 @@ class Catchup:
         self.vouches = vouches
         self.emit, self.name = emit, name
         self._last_mismatch: tuple[str, int] | None = None
+        self._partial = Partial()  # a download that broke off: the next try resumes it
 
     @property
     def step(self) -> int:
@@ -107,7 +114,9 @@ class Catchup:
             if matchmaker.is_suspect(peer):
                 continue
             try:
-                got = download_state(self.node, peer, self.source, rounds=self.method.pending_rounds)
+                got = download_state(
+                    self.node, peer, self.source, rounds=self.method.pending_rounds, partial=self._partial
+                )
                 self.vouches.check(got.state, peer, matchmaker.alive_peers)
                 self.method.adopt_state(got.state, used=got.used)
             except ForgedState as e:

@@ -27,7 +27,14 @@ from collab.config import RunConfig
 from collab.methods.base import Method, MethodState
 from collab.methods.checkpoint import encode_checkpoint, write_checkpoint
 from collab.swarm.records import alive_key, parse_alive
-from collab.swarm.state_sync import StateRejected, StateSource, Vouches, alive_steps, download_state
+from collab.swarm.state_sync import (
+    Partial,
+    StateRejected,
+    StateSource,
+    Vouches,
+    alive_steps,
+    download_state,
+)
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
 
@@ -80,6 +87,7 @@ class ModelKeeper:
         existing = kept_steps(self.folder)
         self.last_kept = existing[-1] if existing else -1  # a restarted keeper goes on where it stopped
         self._suspects: dict[str, float] = {}  # peer -> monotonic time until which it is skipped
+        self._partial = Partial()  # a download that broke off: the next try resumes it
 
     def due(self, step: int) -> bool:
         """Whether a state at ``step`` is worth keeping: ``every`` steps past the last one, or the end."""
@@ -104,7 +112,7 @@ class ModelKeeper:
             if self._suspects.get(peer, 0.0) > now:
                 continue
             try:
-                state = download_state(self.node, peer, self.source).state
+                state = download_state(self.node, peer, self.source, partial=self._partial).state
                 self.vouches.check(state, peer, alive)  # more than one member vouches for it
                 self.method.adopt_state(state)  # checks shapes and optimizer tensors
             except (StateRejected, ValueError) as e:

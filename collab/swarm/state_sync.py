@@ -6,6 +6,15 @@ keeper, ``collab generate --coordinator``). A download is accepted only when the
 config version and method and the state's own sha256 equals the hash the peer announced; anything else
 is a :class:`StateRejected` with one line that says why, and the caller tries another peer.
 
+**Chunks.** A state moves in chunks (``state_chunk_bytes``), one call each, so no message holds a whole
+large state and a slow link makes progress call by call. The first answer (the *manifest*) names the
+state's hash, its size and a digest per chunk, and carries the first chunk; the server keeps that
+serialization (:class:`Snapshots`) so later chunk calls read the same bytes while it trains on. Every chunk
+is checked against its digest as it arrives. A download that breaks off keeps what it has
+(:class:`Partial`) and resumes from the next chunk, from the same or any other peer whose manifest names
+the same state (the serialization is deterministic, so equal states give equal chunks); the whole
+state's hash is checked at the end as before.
+
 **Vouches.** The hash only proves that the bytes are what the source meant to send. A state is adopted
 only when more than one member of the run vouches for it (:class:`Vouches`): every volunteer's progress
 record, signed with its key, lists the latest (step, state hash) pairs its groups committed, and a
@@ -19,17 +28,21 @@ two keys (two tokens of an invite-only run, or two identities of an open one) is
 
 from __future__ import annotations
 
+import hashlib
+import math
 import time
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from collab.methods.base import MethodState
 from collab.swarm.records import AliveRecord, progress_key
 from collab.swarm.timing import Timing
-from collab.swarm.transport import SwarmNode, TransportError
+from collab.swarm.transport import Header, SwarmNode, TransportError
 
 STATE = "collab.state"
 MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempts at one step)
+MAX_CHUNKS = 1024  # chunk digests one manifest lists (about 34 KB of header): bigger states get bigger chunks
+KEPT_SNAPSHOTS = 2  # serialized states a server keeps for downloads in progress
 
 
 class StateRejected(RuntimeError):
@@ -66,27 +79,227 @@ def asked_rounds(header: Mapping[str, object]) -> list[str]:
     return [r for r in rounds[:MAX_ASKED_ROUNDS] if isinstance(r, str) and len(r) <= 64]
 
 
+def chunk_digest(data: bytes | bytearray | memoryview) -> str:
+    return hashlib.sha256(data).hexdigest()[:32]
+
+
+@dataclass
+class Snapshot:
+    """One serialized state as a server hands it out in chunks."""
+
+    step: int
+    hash: str
+    blob: bytes
+    chunk_bytes: int
+    digests: list[str]
+    used_at: float = field(default_factory=time.monotonic)
+
+    def chunk(self, i: int) -> bytes:
+        return self.blob[i * self.chunk_bytes : (i + 1) * self.chunk_bytes]
+
+
+class Snapshots:
+    """The serialized states a server hands out (the latest :data:`KEPT_SNAPSHOTS`, by hash): a download
+    reads every chunk from the same bytes while the server's state moves on. Serialized once per state."""
+
+    def __init__(self, chunk_bytes: int) -> None:
+        self.chunk_bytes = chunk_bytes
+        self._kept: dict[str, Snapshot] = {}
+
+    def of(self, state: MethodState) -> Snapshot:
+        digest = state.hash()
+        snap = self._kept.pop(digest, None)
+        if snap is None:
+            blob = state.to_bytes()
+            size = max(self.chunk_bytes, math.ceil(len(blob) / MAX_CHUNKS))
+            digests = [chunk_digest(blob[i : i + size]) for i in range(0, len(blob), size)]
+            snap = Snapshot(state.step, digest, blob, size, digests)
+        snap.used_at = time.monotonic()
+        self._kept[digest] = snap  # newest last
+        while len(self._kept) > KEPT_SNAPSHOTS:
+            self._kept.pop(next(iter(self._kept)))
+        return snap
+
+    def chunk(self, header: Mapping[str, object]) -> tuple[dict[str, object], bytes]:
+        """The answer to a chunk call (``hash``, ``chunk``): the chunk's bytes, or an error when this
+        server no longer holds that state (the requester starts over from a manifest)."""
+        digest, i = header.get("hash"), header.get("chunk")
+        snap = self._kept.get(digest) if isinstance(digest, str) else None
+        if snap is None:
+            raise LookupError("that state is gone here (the peer moved on)")
+        if not isinstance(i, int) or not 0 <= i < len(snap.digests):
+            raise ValueError(f"no chunk {i!r} in a state of {len(snap.digests)} chunks")
+        snap.used_at = time.monotonic()
+        return {"hash": snap.hash, "chunk": i}, snap.chunk(i)
+
+    def manifest(self, snap: Snapshot) -> dict[str, object]:
+        """The manifest's fields (the caller adds run and method); the first chunk goes with it."""
+        return {
+            "step": snap.step,
+            "hash": snap.hash,
+            "size": len(snap.blob),
+            "chunk_bytes": snap.chunk_bytes,
+            "chunks": snap.digests,
+        }
+
+
+class StateServer:
+    """Answers ``collab.state`` calls on ``node``: a manifest of ``state()`` (with the first chunk), then
+    chunks of it; never to a peer that ``banned(peer)``. ``used(rounds, peer)``: of the group ids a
+    requester asks about, those the served state's lineage committed with its contribution."""
+
+    def __init__(
+        self,
+        node: SwarmNode,
+        *,
+        state: Callable[[], MethodState | None],
+        method: str,
+        config_version: str,
+        chunk_bytes: int,
+        banned: Callable[[str], bool] = lambda peer: False,
+        used: Callable[[list[str], str], list[str]] = lambda rounds, peer: [],
+    ) -> None:
+        self.state, self.method, self.config_version = state, method, config_version
+        self.banned, self.used = banned, used
+        self.snapshots = Snapshots(chunk_bytes)
+        node.serve(STATE, self._handle)
+
+    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+        if self.banned(remote):
+            raise PermissionError("banned from this run")
+        if "chunk" in header:
+            return self.snapshots.chunk(header)
+        state = self.state()
+        if state is None:
+            raise RuntimeError("no state yet")
+        snap = self.snapshots.of(state)
+        answer = {
+            **self.snapshots.manifest(snap),
+            "method": self.method,
+            "version": self.config_version,
+            "used": self.used(asked_rounds(header), remote),
+        }
+        # a requester resuming this very state holds the first chunk already
+        return answer, b"" if header.get("resume") == snap.hash else snap.chunk(0)
+
+
+@dataclass
+class Partial:
+    """A download in progress: the first chunks of one state, checked, kept across sources and tries."""
+
+    hash: str = ""
+    size: int = 0
+    chunk_bytes: int = 0
+    digests: tuple[str, ...] = ()
+    data: bytearray = field(default_factory=bytearray)
+
+    @property
+    def received(self) -> int:
+        """Chunks held (every chunk but the last is whole)."""
+        return math.ceil(len(self.data) / self.chunk_bytes) if self.chunk_bytes else 0
+
+    def start(self, digest: str, size: int, chunk_bytes: int, digests: Sequence[str]) -> bool:
+        """Resume when the manifest names the state held in part (``True``), else start over."""
+        same = (digest, size, chunk_bytes, tuple(digests)) == (
+            self.hash,
+            self.size,
+            self.chunk_bytes,
+            self.digests,
+        )
+        if not same:
+            self.hash, self.size, self.chunk_bytes, self.digests = digest, size, chunk_bytes, tuple(digests)
+            self.data = bytearray()
+        return same and bool(self.data)
+
+    def add(self, i: int, blob: bytes) -> None:
+        """Append chunk ``i``, checked against its digest; raises :class:`StateRejected`."""
+        expected = min(self.chunk_bytes, self.size - i * self.chunk_bytes)
+        if len(blob) != expected or chunk_digest(blob) != self.digests[i]:
+            raise StateRejected(f"chunk {i + 1} of {len(self.digests)} does not match its digest")
+        self.data += blob
+
+    def clear(self) -> None:
+        self.hash, self.size, self.chunk_bytes, self.digests, self.data = "", 0, 0, (), bytearray()
+
+
+def _manifest(header: Mapping[str, object], max_chunk: int) -> tuple[str, int, int, list[str]]:
+    """Hash, size, chunk size and chunk digests of a manifest; raises :class:`StateRejected`."""
+    digest, size, chunk_bytes, digests = (
+        header.get("hash"),
+        header.get("size"),
+        header.get("chunk_bytes"),
+        header.get("chunks"),
+    )
+    if not (
+        isinstance(digest, str)
+        and isinstance(size, int)
+        and isinstance(chunk_bytes, int)
+        and 0 < chunk_bytes <= max_chunk
+        and isinstance(digests, list)
+        and 0 < len(digests) <= MAX_CHUNKS
+        and all(isinstance(d, str) for d in digests)
+        and math.ceil(size / chunk_bytes) == len(digests)
+    ):
+        raise StateRejected("its state manifest is malformed")
+    return digest, size, chunk_bytes, digests
+
+
 def download_state(
-    node: SwarmNode, peer: str, source: StateSource, *, rounds: Sequence[str] = ()
+    node: SwarmNode,
+    peer: str,
+    source: StateSource,
+    *,
+    rounds: Sequence[str] = (),
+    partial: Partial | None = None,
+    progress: Callable[[int, int], None] | None = None,
 ) -> Downloaded:
     """``peer``'s current state, checked against ``source``; raises :class:`StateRejected`.
 
     ``rounds``: group ids of rounds that failed here after this peer's contribution left; the answer
-    says which of them the source's lineage committed with it (see ``Method.adopt_state``)."""
-    request = {"rounds": list(rounds[-MAX_ASKED_ROUNDS:])} if rounds else {}
-    try:
-        header, payload = node.run(
-            node.call(peer, STATE, request, timeout_s=source.timing.state_call_s),
-            timeout_s=source.timing.state_wait_s,
+    says which of them the source's lineage committed with it (see ``Method.adopt_state``).
+    ``partial``: a download that broke off; resumed when ``peer`` serves the same state, and kept up to
+    date (so a caller that keeps it resumes the next try). ``progress(chunks_held, chunks)`` after each
+    chunk."""
+    partial = partial if partial is not None else Partial()
+    timing = source.timing
+
+    def call(header: dict[str, object]) -> tuple[dict[str, object], bytes]:
+        return node.run(
+            node.call(peer, STATE, header, timeout_s=timing.state_call_s), timeout_s=timing.state_wait_s
         )
-        state = MethodState.from_bytes(payload)
-    except (TransportError, ValueError, TimeoutError) as e:
+
+    request: dict[str, object] = {"rounds": list(rounds[-MAX_ASKED_ROUNDS:])} if rounds else {}
+    if partial.data:
+        request["resume"] = partial.hash
+    try:
+        header, first = call(request)
+    except (TransportError, TimeoutError) as e:
         raise StateRejected(f"download failed: {e}") from None
     if header.get("version") != source.config_version:
         raise StateRejected("it runs another config")
     if header.get("method") != source.method:
         raise StateRejected(f"it runs method {str(header.get('method'))[:40]!r}, not {source.method!r}")
-    if header.get("hash") != state.hash():
+    digest, size, chunk_bytes, digests = _manifest(header, node.max_message_bytes)
+    if not partial.start(digest, size, chunk_bytes, digests) and first:
+        partial.add(0, first)
+    n = len(digests)
+    for i in range(partial.received, n):
+        if progress is not None:
+            progress(i, n)
+        try:
+            _, blob = call({"hash": digest, "chunk": i})
+        except (TransportError, TimeoutError) as e:
+            raise StateRejected(f"download broke off at chunk {i + 1} of {n}: {e}") from None
+        partial.add(i, blob)
+    if progress is not None:
+        progress(n, n)
+    try:
+        state = MethodState.from_bytes(partial.data)
+    except ValueError as e:
+        partial.clear()
+        raise StateRejected(f"download failed: {e}") from None
+    partial.clear()
+    if digest != state.hash():
         raise StateRejected("its state does not match the hash it announced")
     used = header.get("used")
     asked = set(rounds)

@@ -128,7 +128,11 @@ class Volunteer:
             name=self.name,
         )
         StateService(
-            node=node, method=self.method, aggregator=self.aggregator, config_version=self.config_version
+            node=node,
+            method=self.method,
+            aggregator=self.aggregator,
+            config_version=self.config_version,
+            chunk_bytes=min(cfg.swarm.state_chunk_bytes, cfg.swarm.max_message_bytes),
         )
         self.heartbeat = Heartbeat(
             node=node, run_id=cfg.run_id, cfg=cfg.swarm, record=self._alive_record, on_view=self._on_view

@@ -104,20 +104,25 @@ def _forge_state() -> None:
     import collab.swarm.volunteer as volunteer
     from collab.methods.base import MethodState
 
-    honest_handle = catchup.StateService._handle
     honest_record = volunteer.Volunteer._alive_record
+    made: dict[str, MethodState] = {}  # honest hash -> its forgery (a download reads it chunk by chunk)
 
-    async def forged(self: Any, header: Any, payload: bytes, remote: str) -> Any:
-        answer, blob = await honest_handle(self, header, payload, remote)
-        state = MethodState.from_bytes(blob)
-        state.z.add_(0.5)  # what a forger would like everyone to train from
-        return {**answer, "hash": state.hash()}, state.to_bytes()
+    def forged(self: Any) -> MethodState | None:
+        state = self.method.state
+        if state is None:
+            return None
+        if state.hash() not in made:
+            fake = state.clone()
+            fake.z.add_(0.5)  # what a forger would like everyone to train from
+            made.clear()
+            made[state.hash()] = fake
+        return made[state.hash()]
 
     def ahead(self: Any, status: Any = None) -> Any:
         record = honest_record(self, status)
         return replace(record, step=record.step + FORGE_AHEAD) if record.step >= 0 else record
 
-    catchup.StateService._handle = forged  # type: ignore[method-assign]
+    catchup.StateService.served = forged  # type: ignore[method-assign]
     volunteer.Volunteer._alive_record = ahead  # type: ignore[method-assign]
 
 
