@@ -234,11 +234,12 @@ class MethodState:
         h = hashlib.sha256(f"step={self.step}".encode())
         for name, t in sorted(self.tensors().items()):
             h.update(name.encode())
-            h.update(t.detach().contiguous().cpu().numpy().tobytes())
+            h.update(t.detach().contiguous().cpu().reshape(-1).numpy().data)  # in place, no copy
         return h.hexdigest()[:32]
 
-    def to_bytes(self) -> bytes:
-        """Serialize: a JSON header (step, tensor names, sizes, hash) and the raw float32 bytes."""
+    def to_bytes(self) -> bytearray:
+        """Serialize: a JSON header (step, tensor names, sizes, hash) and the raw float32 bytes, written
+        straight into one buffer (the state's size once, no intermediate copies)."""
         tensors = sorted(self.tensors().items())
         header = {
             "version": 1,
@@ -248,8 +249,15 @@ class MethodState:
         }
         head = json.dumps(header).encode()
         head += b" " * (-(4 + len(head)) % 64)  # the tensors start aligned: a reader can use them in place
-        body = b"".join(t.detach().contiguous().float().numpy().tobytes() for _, t in tensors)
-        return len(head).to_bytes(4, "little") + head + body
+        offset = 4 + len(head)
+        out = bytearray(offset + sum(4 * t.numel() for _, t in tensors))
+        out[:offset] = len(head).to_bytes(4, "little") + head
+        for _, t in tensors:
+            if t.numel():
+                view = torch.frombuffer(out, dtype=torch.float32, count=t.numel(), offset=offset)
+                view.copy_(t.detach().reshape(-1))
+            offset += 4 * t.numel()
+        return out
 
     @classmethod
     def from_bytes(cls, data: bytes | bytearray) -> MethodState:

@@ -42,7 +42,7 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message is one line naming the file and the reason."""
 
 
-def _digest(meta: dict[str, Any], body: bytes) -> str:
+def _digest(meta: dict[str, Any], body: bytes | bytearray) -> str:
     """sha256 over the header fields and the state bytes: any changed byte in either is noticed."""
     h = hashlib.sha256(json.dumps(meta, sort_keys=True).encode())
     h.update(body)

@@ -89,13 +89,13 @@ class Snapshot:
 
     step: int
     hash: str
-    blob: bytes
+    blob: bytes | bytearray
     chunk_bytes: int
     digests: list[str]
     used_at: float = field(default_factory=time.monotonic)
 
     def chunk(self, i: int) -> bytes:
-        return self.blob[i * self.chunk_bytes : (i + 1) * self.chunk_bytes]
+        return bytes(self.blob[i * self.chunk_bytes : (i + 1) * self.chunk_bytes])
 
 
 class Snapshots:
