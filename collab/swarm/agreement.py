@@ -26,7 +26,8 @@ straight from that member, bans the member (to anyone else the collector may hav
 collector that dies (or does not answer in time) fails the round for whoever waits on it, but it may have
 answered others, who then commit: a member left :class:`Unconfirmed` first waits to see whether any
 fellow member moves ahead, and then takes its state instead of redoing the step in another group (which
-would split the swarm's lineage).
+would split the swarm's lineage). A collector that misses a list does the same: members that an owner
+told other dropped lists see another collector, and may commit without it.
 
 Cost per round: ``n - 1`` calls in all (each member but the collector makes one; all-to-all would make
 ``n (n - 1)``); per member one signature for its part, one for its list, and ``2 n`` verifications.
@@ -193,7 +194,11 @@ class Agreement:
             coll.lists[mine] = own
             coll.peers, coll.expected = set(group.peers), set(members)
             coll.check_complete()
-            lists: object = await self._collected(coll)
+            try:
+                lists: object = await self._collected(coll)
+            except RoundFailed as e:  # a list never came: members whose view of the round differs (an
+                # owner that told them other dropped lists) may have another collector, and commit
+                raise Unconfirmed(str(e), others, self.timing.unconfirmed_s) from None
         else:
             try:
                 _, payload = await self.node.call(

@@ -19,7 +19,7 @@ import pytest
 
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
-from collab.swarm.agreement import Agreement, SplitRound, Statement, part_digest
+from collab.swarm.agreement import Agreement, SplitRound, Statement, Unconfirmed, part_digest
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
@@ -47,8 +47,8 @@ class Round:
         owner = self.agreements[self.peers[j]]
         return owner.sign(self.group.group_id, j, part_digest(self.group.group_id, j, blob, {}))
 
-    def confirm_all(self) -> dict[str, BaseException | None]:
-        """Every member confirms at once; ``None``: it would commit."""
+    def confirm_all(self, silent: frozenset[str] = frozenset()) -> dict[str, BaseException | None]:
+        """Every member (but the ``silent`` ones) confirms at once; ``None``: it would commit."""
 
         def one(peer: str) -> BaseException | None:
             coro = self.agreements[peer].confirm(self.group, self.held[peer], dropped=self.dropped, mine=peer)
@@ -58,8 +58,9 @@ class Round:
                 return e
             return None
 
-        with ThreadPoolExecutor(len(self.peers)) as pool:
-            return dict(zip(self.peers, pool.map(one, self.peers), strict=True))
+        speaking = [p for p in self.peers if p not in silent]
+        with ThreadPoolExecutor(len(speaking)) as pool:
+            return dict(zip(speaking, pool.map(one, speaking), strict=True))
 
     def banned(self) -> dict[str, set[str]]:
         return {p: set(a.bans.active_peers()) for p, a in self.agreements.items()}
@@ -94,6 +95,15 @@ def test_a_dropped_member_commits_with_the_others(make_round: Callable[[str], Ro
     r = make_round("5")
     r.dropped = {r.peers[2]}  # its contribution missed the round: its list is not waited for
     assert r.confirm_all() == dict.fromkeys(r.peers), "it applies the same aggregate and stays in sync"
+
+
+@pytest.mark.timeout(120)
+def test_a_missing_list_leaves_every_member_unconfirmed(make_round: Callable[[str], Round]) -> None:
+    r = make_round("6")
+    outcome = r.confirm_all(silent=frozenset({r.peers[2]}))  # a member that never sends its list
+    # nobody commits; the collector too first looks for members that may have (see Catchup.follow)
+    assert all(isinstance(e, Unconfirmed) for e in outcome.values()), outcome
+    assert r.peers[0] in outcome and r.banned() == {p: set() for p in r.peers}
 
 
 @pytest.mark.timeout(120)
