@@ -20,16 +20,9 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import time
-from pathlib import Path
 from typing import Any
 
-
-def lo_tx_bytes() -> int:
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == "lo":
-            return int(rest.split()[8])
-    raise RuntimeError("no loopback interface in /proc/net/dev")
+from loopback import lo_tx_bytes
 
 
 def _worker(

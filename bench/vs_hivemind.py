@@ -66,6 +66,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from loopback import lo_tx_bytes
+
 REPO = Path(__file__).resolve().parent.parent
 BASE_CONFIG = REPO / "examples" / "charlm.yaml"
 PEERS = 3
@@ -102,15 +104,6 @@ def collab_config(case: str, steps: int) -> dict[str, Any]:
 
 
 # ---------------------------------------------------------------- loopback counters
-
-
-def lo_tx_bytes() -> int:
-    """Bytes sent on this network namespace's loopback (/proc/net/dev follows the reader's namespace)."""
-    for line in Path("/proc/net/dev").read_text().splitlines():
-        name, _, rest = line.partition(":")
-        if name.strip() == "lo":
-            return int(rest.split()[8])
-    raise RuntimeError("no loopback interface in /proc/net/dev")
 
 
 class LoSampler(threading.Thread):
