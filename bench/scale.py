@@ -30,6 +30,7 @@ from typing import Any
 from loopback import lo_tx_bytes
 
 CHUNK_BYTES = 8 * 1024**2
+SYNC_TRIES = 4  # a download that breaks off resumes from the next chunk, from the next source
 
 
 def _tree(root: int) -> list[int]:
@@ -159,7 +160,7 @@ def _sync_worker(case: str, index: int, maddr: str, args: argparse.Namespace, ba
     from collab.config import SwarmConfig
     from collab.methods.base import MethodState
     from collab.swarm import SwarmNode
-    from collab.swarm.state_sync import StateServer, StateSource, download_state
+    from collab.swarm.state_sync import Partial, StateRejected, StateServer, StateSource, download_state
     from collab.swarm.timing import Timing
 
     memory = PeakMemory()
@@ -182,12 +183,22 @@ def _sync_worker(case: str, index: int, maddr: str, args: argparse.Namespace, ba
         return
     barrier.wait()
     timing = Timing.of(SwarmConfig(state_sync_timeout_s=600))
+    source = StateSource(config_version="bench", method="masha2", timing=timing)
+    partial, got, breaks = Partial(), None, []
     t0 = time.perf_counter()
-    source_key = args.source_key
-    got = download_state(
-        node, source_key, StateSource(config_version="bench", method="masha2", timing=timing)
-    )
+    for attempt in range(SYNC_TRIES):  # as a volunteer does: keep the chunks, go on from the next source
+        try:
+            got = download_state(
+                node, args.source_keys[attempt % len(args.source_keys)], source, partial=partial
+            )
+            break
+        except StateRejected as e:
+            breaks.append(f"try {attempt + 1}: {e} (kept {partial.received} chunks)")
     elapsed = time.perf_counter() - t0
+    for line in breaks:
+        print(f"state sync: {line}", flush=True)
+    if got is None:
+        raise RuntimeError(f"no state after {SYNC_TRIES} tries")
     ok = got.state.step == 1 and got.state.z.numel() == args.numel
     barrier.wait()
     out.put((index, elapsed, ok, memory.stop(), state_bytes, base))
@@ -209,7 +220,7 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 procs.append(ctx.Process(target=target, args=(case, i, maddr, args, barrier, out)))
                 procs[-1].start()
             keys = [out.get(timeout=600) for _ in range(args.peers - 1)]
-            joiner_args = argparse.Namespace(**vars(args), source_key=keys[0][1])
+            joiner_args = argparse.Namespace(**vars(args), source_keys=[k[1] for k in keys])
             procs.append(
                 ctx.Process(target=target, args=(case, args.peers - 1, maddr, joiner_args, barrier, out))
             )
@@ -246,6 +257,7 @@ def main() -> None:
     parser.add_argument("--numel", type=int, default=100_000_000)
     parser.add_argument("--peers", type=int, default=3)
     parser.add_argument("--ratio", type=float, default=0.01)
+    parser.add_argument("--cases", default="hivemind,dense,topk,sync", help="comma-separated subset")
     args = parser.parse_args()
 
     names = {
@@ -254,18 +266,19 @@ def main() -> None:
         "topk": f"collab Top-k {args.ratio:g}",
         "sync": "collab state sync (late joiner)",
     }
+    names = {k: v for k, v in names.items() if k in args.cases.split(",")}
     rows = {}
     for case in names:
         rows[case] = run_case(case, args)
         print(f"done: {names[case]} {rows[case]}", flush=True)
-    base = rows["hivemind"]
+    base = rows.get("hivemind")
     print(f"\n{args.peers} peers, {args.numel:,} fp32 values, loopback")
     print(
         f"{'case':<34}{'time s':>8}{'MB/peer (lo)':>14}{'vs hivemind':>13}{'peak GB':>9}{'peak/data':>11}"
         f"{'growth/data':>13}{'MB/s':>8}"
     )
     for case, r in rows.items():
-        speed = f"{base['time_s'] / r['time_s']:.2f}x" if case != "sync" else "-"
+        speed = f"{base['time_s'] / r['time_s']:.2f}x" if base and case != "sync" else "-"
         rate = f"{r['data_bytes'] / r['time_s'] / 1e6:.0f}" if case == "sync" else "-"
         print(
             f"{names[case]:<34}{r['time_s']:>8.2f}{r['lo_bytes_per_peer'] / 1e6:>14.1f}{speed:>13}"

@@ -240,6 +240,9 @@ class SwarmNode:
                 writer.write(frame)
                 await writer.drain()
                 self.bytes_sent += len(frame)
+                # drain() only handed the frame to p2pd: closing now may cut a large answer off on its way
+                # (seen: an 8 MiB state chunk broke off after 7 MB). The caller closes once it has read it.
+                await asyncio.wait_for(reader.read(1), _payload_timeout(len(frame)))
             except (
                 asyncio.IncompleteReadError,
                 ConnectionError,
