@@ -92,10 +92,19 @@ class Snapshot:
     blob: bytes | bytearray
     chunk_bytes: int
     digests: list[str]
-    used_at: float = field(default_factory=time.monotonic)
 
     def chunk(self, i: int) -> bytes:
         return bytes(self.blob[i * self.chunk_bytes : (i + 1) * self.chunk_bytes])
+
+    def manifest(self) -> dict[str, object]:
+        """The manifest's fields (the server adds run and method); the first chunk goes with it."""
+        return {
+            "step": self.step,
+            "hash": self.hash,
+            "size": len(self.blob),
+            "chunk_bytes": self.chunk_bytes,
+            "chunks": self.digests,
+        }
 
 
 class Snapshots:
@@ -112,9 +121,9 @@ class Snapshots:
         if snap is None:
             blob = state.to_bytes()
             size = max(self.chunk_bytes, math.ceil(len(blob) / MAX_CHUNKS))
-            digests = [chunk_digest(blob[i : i + size]) for i in range(0, len(blob), size)]
+            view = memoryview(blob)  # hashed in place, not sliced into copies
+            digests = [chunk_digest(view[i : i + size]) for i in range(0, len(blob), size)]
             snap = Snapshot(state.step, digest, blob, size, digests)
-        snap.used_at = time.monotonic()
         self._kept[digest] = snap  # newest last
         while len(self._kept) > KEPT_SNAPSHOTS:
             self._kept.pop(next(iter(self._kept)))
@@ -129,18 +138,7 @@ class Snapshots:
             raise LookupError("that state is gone here (the peer moved on)")
         if not isinstance(i, int) or not 0 <= i < len(snap.digests):
             raise ValueError(f"no chunk {i!r} in a state of {len(snap.digests)} chunks")
-        snap.used_at = time.monotonic()
         return {"hash": snap.hash, "chunk": i}, snap.chunk(i)
-
-    def manifest(self, snap: Snapshot) -> dict[str, object]:
-        """The manifest's fields (the caller adds run and method); the first chunk goes with it."""
-        return {
-            "step": snap.step,
-            "hash": snap.hash,
-            "size": len(snap.blob),
-            "chunk_bytes": snap.chunk_bytes,
-            "chunks": snap.digests,
-        }
 
 
 class StateServer:
@@ -174,7 +172,7 @@ class StateServer:
             raise RuntimeError("no state yet")
         snap = self.snapshots.of(state)
         answer = {
-            **self.snapshots.manifest(snap),
+            **snap.manifest(),
             "method": self.method,
             "version": self.config_version,
             "used": self.used(asked_rounds(header), remote),
