@@ -14,8 +14,9 @@ Protocol (one round):
    ``timeout`` before that rather than list a member that has given up.
 
 **Steady state.** When the peers alive are exactly the members of the last group this peer committed
-with, the round skips the DHT: no announcement, the last group's smallest key leads without reading
-announcements, and every other member calls it at once. Anything unusual - the leader unreachable or
+with, the round skips the DHT reads: the last group's smallest key leads without reading announcements
+(it stores its own in the background, so that a member retrying the round the usual way finds it), and
+every other member calls it at once. Anything unusual - the leader unreachable or
 redirecting, a peer joined or left the alive view (a newcomer appears there within a heartbeat, and the
 members then announce again, so it finds them) - falls back to the protocol above for that round.
 
@@ -26,9 +27,11 @@ peers starting slowly: a late peer with the smallest key led a second ``0.init``
 "already committed" and the peer catches up by state download. A single record cannot stop rounds.
 
 A follower that learns of a smaller leader is redirected; a joiner that arrives after the group closed
-gets ``closed`` and its round fails (it is late and will resynchronize). A group below
-``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and skipped; banned
-peers (:mod:`collab.swarm.bans`) are skipped too, and refused when they ask to join.
+gets ``closed``: the group may commit the round without it, so it never redoes the round apart (with other
+latecomers it would commit a second version of it); it waits for the group to move ahead and takes its
+state (:class:`LeftBehind`). A leader whose group failed answers ``failed`` instead, and joiners retry.
+A group below ``min_group_size`` fails. Peers whose calls fail are suspected for ``suspect_ttl_s`` and
+skipped; banned peers (:mod:`collab.swarm.bans`) are skipped too, and refused when they ask to join.
 
 **Bans are local**, so a joiner names the peers it has banned (``avoid``) and the leader never closes a
 group holding both a peer and one it bans (their round would fail at the exchange, every time): the
@@ -145,6 +148,7 @@ class _Round:
     avoids: dict[str, set[str]] = field(default_factory=dict)  # joiner -> the peers it bans
     conflicts: set[str] = field(default_factory=set)  # joiners left out: they ban, or are banned by, members
     declined: dict[str, asyncio.Task[Group | None]] = field(default_factory=dict)  # banned leaders told
+    announcing: asyncio.Task[None] | None = None  # a steady-state leader's announcement, stored meanwhile
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
     closed: bool = False
@@ -314,14 +318,17 @@ class Matchmaker:
         if steady is not None:
             if steady == me:
                 r.role, r.leader = Role.LEADER, me
+                # announced all the same (in the background): a member that fails this round and retries
+                # it the usual way must find this leader, not lead a second group of the round
+                r.announcing = asyncio.create_task(self._announce(round_id))
+                r.announcing.add_done_callback(lambda t: t.cancelled() or t.exception())
                 return await self._lead(round_id, r, start, deadline, read_announced=False)
             r.role, r.leader = Role.FOLLOWER, steady
             group = await self._ask(steady, round_id, deadline)
             if group is not None:
                 return group
             r.role, r.leader = Role.PENDING, None  # the usual path for this round
-        expiration = get_dht_time() + self.timing.announce_ttl_s
-        await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
+        await self._announce(round_id)
         await asyncio.sleep(
             min(0.02, self.cfg.min_matchmaking_time_s / 4)
         )  # let peers of this round announce
@@ -337,6 +344,11 @@ class Matchmaker:
             if group is not None:
                 return group
         raise RoundFailed(f"round {round_id}: no group within {self.cfg.matchmaking_timeout_s:.1f}s")
+
+    async def _announce(self, round_id: str) -> None:
+        """Store this peer's announcement of ``round_id`` (see the protocol above)."""
+        expiration = get_dht_time() + self.timing.announce_ttl_s
+        await self.node.dht_store(self._key(round_id), self.node.peer_key, self.device_index, expiration)
 
     async def _ask(self, leader: str, round_id: str, deadline: float) -> Group | None:
         """Ask ``leader`` to take this peer into the round's group: the group, or ``None`` to look for
@@ -379,6 +391,12 @@ class Matchmaker:
         if status == JoinStatus.STATE_MISMATCH:
             raise StateMismatch(
                 leader, f"round {round_id}: leader {leader[-6:]} holds another state at this step"
+            )
+        if status == JoinStatus.CLOSED:  # its group formed without this peer and may commit the round
+            raise LeftBehind(
+                f"round {round_id}: the group of leader {leader[-6:]} formed without this peer",
+                [leader],
+                self.timing.left_out_s,
             )
         if status == JoinStatus.CONFLICT:
             raise LeftBehind(
@@ -431,8 +449,8 @@ class Matchmaker:
                 announced, last_read = await self._announced(round_id, deadline), now
                 if not read_announced and not set(announced) <= set(r.joiners):
                     # someone looks for this round the usual way: let it find its leader
-                    expiration = get_dht_time() + self.timing.announce_ttl_s
-                    await self.node.dht_store(self._key(round_id), me, self.device_index, expiration)
+                    if r.announcing is None:
+                        await self._announce(round_id)
                     read_announced = True
                 if any(p < me for p in announced):  # a smaller peer showed up: it leads this round
                     r.role, r.leader = Role.FOLLOWER, min(announced)
@@ -511,7 +529,9 @@ class Matchmaker:
         if mine is not None and theirs not in (None, mine):
             return {"status": JoinStatus.STATE_MISMATCH.value}, b""
         if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
-            return {"status": JoinStatus.CLOSED.value}, b""
+            # closed: formed without the joiner (it must not redo the round apart), or failed (it may)
+            failed = r.group is not None and r.group.done() and r.group.exception() is not None
+            return {"status": (JoinStatus.FAILED if failed else JoinStatus.CLOSED).value}, b""
         if r.role == Role.FOLLOWER and r.leader is not None:
             return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index

@@ -1,7 +1,9 @@
 """Guards against a swarm split by two groups at one step. Two peers at the same step with different states
-never average together: the leader refuses the joiner, which learns whose state to adopt. And a group never
+never average together: the leader refuses the joiner, which learns whose state to adopt. A group never
 forms for a round that enough peers for a group already committed (their alive records are past it): its
-members catch up by download instead of committing a second version of the round."""
+members catch up by download instead of committing a second version of the round. And a peer that comes
+to a group after it closed waits for that group's state rather than redo the round with other latecomers
+(seen with 16 peers: two slow members of a steady-state group committed a second version of its round)."""
 
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ import pytest
 
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
-from collab.swarm.matchmaking import Group, Matchmaker, StateMismatch
+from collab.swarm.matchmaking import Group, LeftBehind, Matchmaker, StateMismatch
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.transport import SwarmNode
 
@@ -84,6 +86,48 @@ def test_no_group_for_a_round_others_committed(round_id: str, ours: int, theirs:
     finally:
         b.shutdown()
         a.shutdown()
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("path", ["usual", "steady"])
+def test_a_peer_late_for_a_closed_group_waits_for_its_state(path: str) -> None:
+    """Leader L and member M form round 3.delta (the usual way, or on the steady-state path where nobody
+    reads announcements); latecomer X then tries the round. It must find L (a steady-state leader announces
+    all the same) and be told it was left out: LeftBehind, following L - not fail plainly and then lead a
+    second group of the round with other latecomers."""
+    cfg = SwarmConfig(
+        min_group_size=2,
+        target_group_size=2 if path == "usual" else None,
+        min_matchmaking_time_s=0.3,
+        matchmaking_timeout_s=4.0,
+    )
+    nodes = [SwarmNode()]
+    nodes += [SwarmNode(initial_peers=nodes[0].visible_maddrs()) for _ in range(2)]
+    try:
+        leader, member, late = sorted(n.peer_key for n in nodes)
+        by_key = {n.peer_key: n for n in nodes}
+        makers = {}
+        training = AliveRecord(step=3, status=PeerStatus.TRAINING)
+        for i, node in enumerate(nodes):
+            mm = Matchmaker(node=node, run_id=f"late-{path}", cfg=cfg, device_index=i, config_version="v")
+            mm.state_hash = lambda: "same"
+            sees_all = path == "usual" or node.peer_key == late
+            everyone = [leader, member, late] if sees_all else [leader, member]
+            mm.alive_peers = {p: training for p in everyone}
+            if path == "steady" and node.peer_key != late:
+                mm.remember_group([leader, member])
+            makers[node.peer_key] = mm
+        a, b = by_key[leader], by_key[member]
+        groups = a.run(_gather(a, b, makers), timeout_s=30)
+        assert all(isinstance(g, Group) and set(g.peers) == {leader, member} for g in groups), groups
+
+        x = by_key[late]
+        with pytest.raises(LeftBehind) as left:
+            x.run(makers[late].form_group("3.delta"), timeout_s=30)
+        assert left.value.peers == [leader], left.value
+    finally:
+        for n in reversed(nodes):
+            n.shutdown()
 
 
 async def _gather(
