@@ -16,6 +16,7 @@ from collab.compression import CompressedMessage, MessageKind
 from collab.compression.partition import Layout
 from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
+from collab.swarm.agreement import Unconfirmed
 from collab.swarm.allreduce import ExactReducer, PeerUnreachable
 from collab.swarm.bans import BanEvent, Bans
 from collab.swarm.budget import ClaimBounds
@@ -152,7 +153,14 @@ class SwarmAggregator(Aggregator):
             self.matchmaker.suspect(e.peer)
             raise
         except TimeoutError:
-            raise RoundFailed(f"round {round_id} timed out") from None
+            # past the exchange's whole limit, the confirmation included: the others may have committed
+            # the round with this peer's parts, so never redo it apart (see LeftBehind)
+            others = [p for p in group.peers if p != self.node.peer_key]
+            raise Unconfirmed(
+                f"round {round_id} timed out; its other members may have committed it",
+                others,
+                self.timing.unconfirmed_s,
+            ) from None
         except RoundFailed:
             raise
         except Exception as e:  # hostile or broken peers' answers must not kill this peer: skip the round

@@ -8,12 +8,16 @@ to a group after it closed waits for that group's state rather than redo the rou
 from __future__ import annotations
 
 import asyncio
+import threading
 from collections.abc import Callable
 
 import pytest
+import torch
 
+from collab.compression import CompressedMessage, Identity
 from collab.config import SwarmConfig
-from collab.methods.base import RoundFailed
+from collab.methods.base import Contribution, RoundFailed, RoundKey
+from collab.swarm.aggregator import SwarmAggregator
 from collab.swarm.matchmaking import Group, LeftBehind, Matchmaker, StateMismatch
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.transport import SwarmNode
@@ -128,6 +132,52 @@ def test_a_peer_late_for_a_closed_group_waits_for_its_state(path: str) -> None:
     finally:
         for n in reversed(nodes):
             n.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_member_whose_exchange_times_out_waits_for_the_group() -> None:
+    """A member whose exchange outlives its whole limit (a stalled machine, a confirmation that never came
+    back) may have had its parts used by the others, who then commit: it must not redo the round apart, so
+    it is left behind (Unconfirmed, naming the others), not plainly failed."""
+    cfg = SwarmConfig(
+        min_group_size=2, min_matchmaking_time_s=0.3, matchmaking_timeout_s=4.0, allreduce_timeout_s=0.5
+    )
+    a = SwarmNode()
+    b = SwarmNode(initial_peers=a.visible_maddrs())
+    try:
+        aggs = {}
+        training = AliveRecord(step=3, status=PeerStatus.TRAINING)
+        for node, device in ((a, 0), (b, 1)):
+            agg = SwarmAggregator(node=node, run_id="stall", cfg=cfg, device_index=device, shared_seed=1)
+            agg.matchmaker.alive_peers = {a.peer_key: training, b.peer_key: training}
+            aggs[node.peer_key] = agg
+
+        async def stalled(*args: object, **kwargs: object) -> CompressedMessage:
+            await asyncio.sleep(3600)
+            raise AssertionError("unreachable")
+
+        aggs[a.peer_key].reducer.reduce = stalled  # type: ignore[method-assign]
+        outcome: dict[str, BaseException | None] = {}
+
+        def member(key: str) -> None:
+            message = Identity().compress(torch.ones(8))
+            try:
+                aggs[key].reduce(RoundKey(3, "delta"), [Contribution(message, 1.0)], lambda m: m)
+                outcome[key] = None
+            except BaseException as e:
+                outcome[key] = e
+
+        threads = [threading.Thread(target=member, args=(k,)) for k in aggs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(60)
+        stuck = outcome[a.peer_key]
+        assert isinstance(stuck, LeftBehind) and stuck.peers == [b.peer_key], outcome
+        assert isinstance(outcome[b.peer_key], RoundFailed), outcome  # never got a's parts
+    finally:
+        b.shutdown()
+        a.shutdown()
 
 
 async def _gather(
