@@ -400,13 +400,17 @@ class Method(ABC):
     ) -> tuple[list[torch.Tensor], float, int]:
         """``worker``'s operator at ``points``, averaged over the microbatches its plan allows (or exactly
         ``count``, to repeat an earlier evaluation's sample set): the means, their weight (samples) and
-        the count. One microbatch gives the operator's own tensors, bit for bit.
+        the count. One microbatch gives the operator's own tensors, bit for bit; so does an exact operator
+        (``LocalOperator.exact``: no sampling) however many it evaluates, and it weighs one evaluation -
+        repeats are no data, and weighting a device's shard by how often its machine repeated it would
+        tilt a heterogeneous problem toward fast machines' shards (and MASHA's estimator with it).
 
         With a plan that has a deadline, a device that cannot finish even one microbatch in time takes
         part with weight 0 (zeros, count 0): it tags along, applies the group's aggregate and stays in
         sync; the evaluation it began is dropped when it ends (:class:`_Evaluation`)."""
         start = time.monotonic()
         sums: list[torch.Tensor] = []
+        exact = worker.operator.exact  # further microbatches repeat the first: keep it, count it once
         done = 0
         deadline = self.microbatches.deadline_s if count is None else None
         while (done < count) if count is not None else self.microbatches.more(done, time.monotonic() - start):
@@ -420,15 +424,21 @@ class Method(ABC):
                 out = first
             else:
                 out = worker.operator.evaluate(points, step=step, full=full, microbatch=done)
-            sums = out if done == 0 else [a + b for a, b in zip(sums, out, strict=True)]
+            if done == 0:
+                sums = out
+            elif not exact:
+                sums = [a + b for a, b in zip(sums, out, strict=True)]
             done += 1
         if done == 0:  # repeating a tag-along's (empty) sample set
             return [torch.zeros_like(p) for p in points], 0.0, 0
-        means = sums if done == 1 else [t / done for t in sums]
+        if exact or done == 1:
+            means, samples = sums, worker.operator.weight
+        else:
+            means, samples = [t / done for t in sums], worker.operator.weight * done
         if not full:
-            self._step_samples += worker.operator.weight * done
+            self._step_samples += samples
             self._step_compute_s += time.monotonic() - start
-        return means, worker.operator.weight * done, done
+        return means, samples, done
 
     @property
     def initialized(self) -> bool:

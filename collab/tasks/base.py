@@ -46,6 +46,12 @@ class LocalOperator(ABC):
         """Samples behind one evaluation; aggregates may weight devices by it."""
         return 1.0
 
+    @property
+    def exact(self) -> bool:
+        """Every evaluation is the whole ``F_m`` (no sampling): further microbatches repeat it and add no
+        samples, so a device that evaluates more in a round still weighs one evaluation."""
+        return False
+
 
 class Throttled(LocalOperator):
     """``operator`` using at most ``fraction`` of this machine's time: after an evaluation that took t
@@ -69,6 +75,10 @@ class Throttled(LocalOperator):
     @property
     def weight(self) -> float:
         return self.operator.weight
+
+    @property
+    def exact(self) -> bool:
+        return self.operator.exact
 
     def __getattr__(self, name: str) -> object:  # the wrapped operator's extras (e.g. last_loss)
         return getattr(self.__dict__["operator"], name)

@@ -38,6 +38,10 @@ class BilinearOperator(LocalOperator):
     ) -> list[torch.Tensor]:
         return [self._at(p) for p in points]  # deterministic: every microbatch is the whole operator
 
+    @property
+    def exact(self) -> bool:
+        return True
+
 
 class BilinearTask(Task):
     """``BilinearTask(dim=n, num_devices=M, reg_lambda=lam, seed=s)``; ``z`` has ``2n`` coordinates."""

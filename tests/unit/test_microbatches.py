@@ -94,6 +94,26 @@ def test_three_microbatches_contribute_their_mean_with_three_times_the_weight() 
     assert method.last_samples == 12
 
 
+def test_an_exact_operator_weighs_one_evaluation_however_often_it_repeats() -> None:
+    """The bilinear operator has no sampling: five microbatches are five repeats. The device sends what one
+    evaluation gives, bit for bit, with one evaluation's weight: a fast machine repeating its shard more
+    often must not weigh it more (the problem's operator is the mean over shards)."""
+    cfg = load_config(CONFIGS / "demo.yaml")
+    sent = []
+    for plan in (FixedMicrobatches(1), FixedMicrobatches(5)):
+        task = build_task(cfg)
+        assert task.local_operator(0).exact and Throttled(task.local_operator(0), 0.5).exact
+        agg = Recording()
+        method = build_method(cfg, task, agg, [0])
+        method.microbatches = plan
+        method.step()
+        delta = [(w, m) for key, w, m in agg.seen if key.phase == "delta"]
+        sent.append(delta[0])
+        assert method.last_samples == 1
+    assert sent[0][0] == sent[1][0] == 1.0
+    assert torch.equal(sent[0][1], sent[1][1])
+
+
 def test_one_microbatch_is_the_step_of_old_bit_for_bit() -> None:
     cfg = with_overrides(_tiny_text2image(), num_devices=1)
     runs = []
