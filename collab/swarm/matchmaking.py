@@ -42,6 +42,15 @@ the next rounds do not wait for it. A joiner redirected to a leader it bans (its
 from the others') does the same at once, rather than ask again until the round's deadline; and a peer
 that sees a peer it bans announced with the smallest key joins it once, naming the ban, so that the group
 of those who follow it does not wait for this peer until the deadline.
+
+**A leader whose groups keep failing is passed over.** A peer that does not know of the others' ban
+follows the banned leader, whose groups never gather enough members; the leader answers ``failed`` (with
+``member``: the group failed with the joiner in it) or ``timeout``. The second such failure in a round
+(or failures for longer than the matchmaking limit) makes the joiner skip that leader for
+``suspect_ttl_s`` and follow the next smallest key (seen in CI: an honest peer asked the banned leader of
+its round for 60 s and stopped for lack of progress). A peer that then leads with nobody joining for half
+the matchmaking limit goes back to the leader it passed over, once per round: the others may follow it
+for good reasons (two honest leaders waiting for each other until the deadline would fail every round).
 """
 
 from __future__ import annotations
@@ -148,6 +157,9 @@ class _Round:
     avoids: dict[str, set[str]] = field(default_factory=dict)  # joiner -> the peers it bans
     conflicts: set[str] = field(default_factory=set)  # joiners left out: they ban, or are banned by, members
     declined: dict[str, asyncio.Task[Group | None]] = field(default_factory=dict)  # banned leaders told
+    # smaller announced peers skipped only because their groups kept failing with this peer in them
+    passed_over: set[str] = field(default_factory=set)
+    forgiven: set[str] = field(default_factory=set)  # failed leaders this peer went back to (once each)
     announcing: asyncio.Task[None] | None = None  # a steady-state leader's announcement, stored meanwhile
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
@@ -194,6 +206,9 @@ class Matchmaker:
         self.config_version = config_version
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
+        self._failed_leaders: dict[str, float] = {}  # leaders whose groups kept failing with us: until
+        # (round, leader) -> when its group failed this peer (negative: came after it had failed)
+        self._failures: dict[tuple[str, str], list[float]] = {}
         self._seen_alive: set[str] = set()
         # The hash of the committed state this peer enters rounds with: a leader refuses joiners whose
         # state differs, so two diverged states never average together.
@@ -209,9 +224,47 @@ class Matchmaker:
             self._suspects[peer_key] = time.monotonic() + self.cfg.suspect_ttl_s
 
     def is_suspect(self, peer_key: str) -> bool:
-        """Suspected (a failed call) or banned (an invalid contribution): not a leader or member for us."""
-        until = self._suspects.get(peer_key)
-        return (until is not None and until > time.monotonic()) or self.bans.is_banned(peer_key)
+        """Suspected (a failed call, a leader whose groups kept failing) or banned (an invalid
+        contribution): not a leader or member for us."""
+        now = time.monotonic()
+        return (
+            self._suspects.get(peer_key, 0.0) > now
+            or self._failed_leaders.get(peer_key, 0.0) > now
+            or self.bans.is_banned(peer_key)
+        )
+
+    def _only_a_failed_leader(self, peer_key: str) -> bool:
+        """Skipped only because its groups kept failing with this peer (not unreachable, not banned)."""
+        now = time.monotonic()
+        return (
+            self._failed_leaders.get(peer_key, 0.0) > now
+            and self._suspects.get(peer_key, 0.0) <= now
+            and not self.bans.is_banned(peer_key)
+        )
+
+    def _leader_failed(self, leader: str, round_id: str, *, member: bool) -> None:
+        """``leader``'s group of ``round_id`` failed for this peer (``member``: with this peer in it, or it
+        timed out waiting; otherwise this peer came after it had failed). The second time with this peer
+        in it, or failures for longer than the matchmaking limit, this peer stops following ``leader`` for
+        ``suspect_ttl_s``: a leader that the others do not follow (they ban it, its views differ) fails
+        every group it leads, and asking it again until the run's patience runs out helps nobody."""
+        now = time.monotonic()
+        horizon = now - self.timing.matchmaking_horizon_s
+        for key in [k for k, v in self._failures.items() if max(abs(t) for t in v) < horizon]:
+            self._failures.pop(key, None)
+        seen = self._failures.setdefault((round_id, leader), [])
+        seen.append(now if member else -now)
+        in_group = sum(1 for t in seen if t > 0)
+        if in_group >= 2 or now - min(abs(t) for t in seen) > self.timing.matchmaking_s:
+            logger.info(
+                "%s round %s: the groups of leader %s keep failing (%d times); looking past it",
+                self.node.peer_key[-6:],
+                round_id,
+                leader[-6:],
+                len(seen),
+            )
+            self._failed_leaders[leader] = now + self.cfg.suspect_ttl_s
+            self._failures.pop((round_id, leader), None)
 
     def _round(self, round_id: str) -> _Round:
         r = self._rounds.get(round_id)
@@ -407,6 +460,9 @@ class Matchmaker:
         if status == JoinStatus.CONFIG_MISMATCH:  # that leader runs another config: never follow it
             self.suspect(leader)
             raise RoundFailed(f"round {round_id}: leader {leader[-6:]} runs config {answer.get('version')}")
+        if status in (JoinStatus.FAILED, JoinStatus.TIMEOUT):
+            member = status == JoinStatus.TIMEOUT or answer.get("member") is True
+            self._leader_failed(leader, round_id, member=member)
         raise RoundFailed(f"round {round_id}: leader {leader[-6:]} answered {status!r}")
 
     async def _announced(self, round_id: str, deadline: float) -> dict[str, int]:
@@ -415,9 +471,14 @@ class Matchmaker:
         me = self.node.peer_key
         found = await self.node.dht_get_dict(self._key(round_id))
         out = {}
+        r = self._round(round_id)
         for peer, dev in found.items():
-            if peer != me and not self.is_suspect(peer) and isinstance(dev, int):
+            if peer == me or not isinstance(dev, int):
+                continue
+            if not self.is_suspect(peer):
                 out[peer] = dev
+            elif peer < me and self._only_a_failed_leader(peer) and peer not in r.forgiven:
+                r.passed_over.add(peer)
         banned = [p for p in found if p != me and self.bans.is_banned(p)]
         if banned and min(banned) < min([me, *out]):
             self._decline(round_id, min(banned), deadline)
@@ -452,8 +513,18 @@ class Matchmaker:
                     if r.announcing is None:
                         await self._announce(round_id)
                     read_announced = True
-                if any(p < me for p in announced):  # a smaller peer showed up: it leads this round
-                    r.role, r.leader = Role.FOLLOWER, min(announced)
+                smaller = [p for p in announced if p < me]
+                # Nobody follows this peer, and a smaller one it passed over (its groups kept failing)
+                # still leads: the others may follow that one, so go back to it once rather than both
+                # lead groups too small to hold until the deadline.
+                if not smaller and not r.joiners and now - start >= self.timing.matchmaking_s / 2:
+                    smaller = [p for p in r.passed_over if self._only_a_failed_leader(p)]
+                    for p in smaller:
+                        self._failed_leaders.pop(p, None)
+                        r.forgiven.add(p)
+                    r.passed_over.clear()
+                if smaller:  # a smaller peer showed up (or is followed again): it leads this round
+                    r.role, r.leader = Role.FOLLOWER, min(smaller)
                     r.changed.set()  # waiting joiners see the new role and get redirected
                     if time.monotonic() >= deadline:
                         raise RoundFailed(f"round {round_id}: no group in time")
@@ -561,8 +632,8 @@ class Matchmaker:
                 return {"status": JoinStatus.TIMEOUT.value}, b""
         if remote in r.mismatched:  # whether or not the group held without it
             return {"status": JoinStatus.STATE_MISMATCH.value}, b""
-        if r.group.exception() is not None:
-            return {"status": JoinStatus.FAILED.value}, b""
+        if r.group.exception() is not None:  # the group failed with the joiner in it
+            return {"status": JoinStatus.FAILED.value, "member": True}, b""
         group = r.group.result()
         if remote in r.conflicts:
             return {"status": JoinStatus.CONFLICT.value}, b""
