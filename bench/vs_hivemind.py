@@ -214,10 +214,13 @@ def hivemind_peer(args: argparse.Namespace) -> None:
 
     from collab.methods.build import build_update_rule
     from collab.tasks.build import build_task
+    from collab.tasks.torch_task import TorchTask
 
     work, i, steps = Path(args.workdir), args.index, args.steps
     cfg = base_config(steps)
     task = build_task(cfg)
+    if not isinstance(task, TorchTask):
+        raise SystemExit(f"the benchmark needs a torch task, not {cfg.task.name!r}")
     op = task.local_operator(i)
     model, params = op.model.model, op.model.params
     batch_size = cfg.task.batch_size
@@ -234,11 +237,13 @@ def hivemind_peer(args: argparse.Namespace) -> None:
         "fp16": hivemind.compression.Float16Compression(),
         "8bit": hivemind.compression.Uniform8BitQuantization(),
     }
-    extra: dict[str, Any] = {}
+    compression: dict[str, Any] = {}
     if args.codec == "powersgd":
-        extra["grad_averager_factory"] = partial(PowerSGDGradientAverager, averager_rank=args.powersgd_rank)
+        compression["grad_averager_factory"] = partial(
+            PowerSGDGradientAverager, averager_rank=args.powersgd_rank
+        )
     else:
-        extra["grad_compression"] = codecs[args.codec]
+        compression["grad_compression"] = codecs[args.codec]
     torch.manual_seed(cfg.seed)  # PowerSGD's random Q starts equal on every peer
 
     dht = hivemind.DHT(start=True, initial_peers=[args.initial_peer], host_maddrs=["/ip4/127.0.0.1/tcp/0"])
@@ -265,7 +270,7 @@ def hivemind_peer(args: argparse.Namespace) -> None:
             "default_refresh_period": args.refresh_period,
         },
         verbose=True,  # its log says "Averaged gradients with N peers" and any state download
-        **extra,
+        **compression,
     )
     try:
         (work / f"ready-{i}").write_text("1")

@@ -1,4 +1,5 @@
-"""The project's own quality gates, run by the test command: ruff (lint + format) and mypy on collab/."""
+"""The project's own quality gates, run by the test command: ruff (lint + format) and mypy on the code
+users run (collab/, peers/, monitor/, examples/, and bench/ - checked apart: it has its own monitor.py)."""
 
 from __future__ import annotations
 
@@ -23,9 +24,10 @@ def test_ruff_clean() -> None:
     assert fmt.returncode == 0, fmt.stdout + fmt.stderr
 
 
-def test_mypy_clean() -> None:
+@pytest.mark.parametrize("paths", [("collab", "peers", "monitor", "examples"), ("bench",)], ids=str)
+def test_mypy_clean(paths: tuple[str, ...]) -> None:
     pytest.importorskip("mypy")
-    res = _run(sys.executable, "-m", "mypy", "collab")
+    res = _run(sys.executable, "-m", "mypy", *paths)
     assert res.returncode == 0, res.stdout + res.stderr
 
 
