@@ -138,7 +138,7 @@ def _model_from_swarm(args: argparse.Namespace) -> tuple[int, Any]:
             except Exception as e:  # hivemind reports a slow DHT in several ways: look again
                 problems.append(f"the DHT did not answer: {e}")
                 alive = {}
-            for _step, peer in alive_steps(alive):
+            for _step, peer in alive_steps(alive, sources=True):
                 try:
                     state = download_state(node, peer, source).state
                     vouches.check(state, peer, alive)  # more than one member vouches for it

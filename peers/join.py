@@ -64,7 +64,16 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--name", help="display name shown to others")
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
     p.add_argument("--port", type=int, default=0, help="TCP port to listen on (default: any free port)")
-    p.add_argument("--client-mode", action="store_true", help="behind NAT: connect out only, accept no calls")
+    p.add_argument(
+        "--client-mode",
+        action="store_true",
+        help="behind NAT: listen nowhere, dial out only (takes part in rounds without owning a part)",
+    )
+    p.add_argument(
+        "--auto-relay",
+        action="store_true",
+        help="behind NAT: look for libp2p relays through which other peers can reach this one",
+    )
     p.add_argument(
         "--checkpoint",
         help="the local checkpoint: written every --checkpoint-every steps and on exit, read by --resume",
@@ -199,6 +208,7 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
             host=args.host,
             port=args.port,
             client_mode=args.client_mode,
+            auto_relay=args.auto_relay,
             max_message_bytes=cfg.swarm.max_message_bytes,
             record_validators=validators,
             access=access,
@@ -227,7 +237,6 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
                 checkpoint_every=args.checkpoint_every,
                 device=device,
                 precision=args.precision,
-                client_mode=args.client_mode,
                 batch_size=args.batch_size,
                 throttle=args.throttle,
             )

@@ -178,7 +178,7 @@ class SwarmAggregator(Aggregator):
         excluded = self.reducer.last_excluded
         members = frozenset(p for p in group.peers if p not in excluded)
         self.committed[group.group_id] = members
-        self.matchmaker.remember_group(members)
+        self.matchmaker.remember_group(members, group.clients)
         while len(self.committed) > COMMITTED_HISTORY:
             self.committed.popitem(last=False)
         logger.debug("%s round %s: group of %d", self.node.peer_key[-6:], round_id, len(group))

@@ -131,7 +131,7 @@ class Agreement:
         sent none, or one that does not match the part, is banned and the round fails."""
         stmt = Statement.from_wire(raw)
         if stmt is None or stmt.digest != digest or not stmt.valid(group.group_id, j):
-            owner = group.peers[j]
+            owner = group.owners[j]
             self.bans.ban(owner, "part without a valid signed statement", group.round_id)
             raise RoundFailed(f"part {j} from {owner[-6:]} carries no valid statement")
         return stmt
@@ -187,7 +187,11 @@ class Agreement:
         raise :class:`SplitRound` (banning whoever the statements name), :class:`Unconfirmed` (the
         collector did not answer) or :class:`RoundFailed`."""
         members = [p for p in group.peers if p not in dropped]
-        collector, others = members[0], [p for p in members if p != mine]
+        clients = set(group.clients)
+        collectors = [p for p in members if p not in clients]  # a client cannot be called
+        if not collectors:
+            raise RoundFailed(f"round {group.round_id}: no member left to collect the confirmations")
+        collector, others = collectors[0], [p for p in members if p != mine]
         own = self._signed_list(group.group_id, statements)
         if collector == mine:
             coll = self._collection(group.group_id)
@@ -249,12 +253,19 @@ class Agreement:
         if not isinstance(lists, dict):
             raise RoundFailed(f"round {group.round_id}: malformed confirmation")
         split, unverified = [], []
+        owners = group.owners
         for peer, raw in lists.items():
-            j = group.peers.index(peer) if peer in group.peers else -1
-            listed = _verified_parts(group.group_id, raw, statements[j].key) if j >= 0 else None
+            key: object = None
+            if peer in owners:  # signed with the key it signed its part with
+                key = statements[owners.index(peer)].key
+            elif peer in group.clients and isinstance(raw, dict):
+                # a client owns no part: its list's own key (a collector that forged it could only hide
+                # a split from the others that the client itself sees, and then it does not commit)
+                key = raw.get("key")
+            listed = _verified_parts(group.group_id, raw, key) if isinstance(key, str) else None
             if listed is None:
                 unverified.append(str(peer)[-6:])
-                if direct and j >= 0:
+                if direct and peer in group.peers:
                     self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
             elif not self._same(statements, listed):
                 split.append(peer)
@@ -286,7 +297,7 @@ class Agreement:
             theirs = Statement.from_wire(raw)
             if theirs is not None and theirs.digest == ours.digest:
                 continue
-            owner = group.peers[j]
+            owner = group.owners[j]
             if (
                 theirs is None
                 or not theirs.valid(group.group_id, j)

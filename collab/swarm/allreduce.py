@@ -96,7 +96,8 @@ class _Slot:
 
     group: Group | None = None  # set when this member's own reduce() starts
     params: _Params | None = None
-    me: int = -1
+    me: int = -1  # the part this owner holds
+    member: int = -1  # this owner's index among the group's members (the senders)
     received: dict[tuple[int, str], tuple[Header, bytes]] = field(default_factory=dict)  # (sender, remote)
     refused: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
     conflicts: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
@@ -183,6 +184,7 @@ class ExactReducer:
             "ok": True,
             "excluded": dropped,
             "statement": self._statement(slot, j, result).to_wire(),
+            "samples": slot.total_weight,  # behind this part's average (a client's share reads it)
         }, result
 
     def _statement(self, slot: _Slot, j: int, result: bytes) -> Statement:
@@ -233,7 +235,7 @@ class ExactReducer:
             return
         if slot.result.done():
             return
-        n, me = len(slot.group), slot.me
+        n, me = len(slot.group), slot.member
         group = slot.group
         present = {i for i, remote in [*slot.received, *slot.refused] if self._is_member(group, i, remote)}
         if len(present | {me}) < n:
@@ -315,12 +317,20 @@ class ExactReducer:
     ) -> CompressedMessage:
         """This member's side of the round: returns the group's weighted average (identical everywhere).
 
-        ``layout`` must be the same on every member (default: the message's own shape).
+        ``layout`` must be the same on every member (default: the message's own shape). The group's
+        clients own no part: they send theirs to the owners and get the average back like everyone.
         """
-        if self.node.peer_key not in group.peers:
+        me_key = self.node.peer_key
+        if me_key not in group.peers:
             raise RoundFailed(f"round {group.round_id}: the leader's member list leaves this peer out")
-        me = group.index_of(self.node.peer_key)
-        n = len(group)
+        owners = group.owners
+        if not owners:
+            raise RoundFailed(f"round {group.round_id}: no member can own a part")
+        if self.node.client_mode and me_key in owners:
+            raise RoundFailed(f"round {group.round_id}: this client is listed as a part owner")
+        sender = group.index_of(me_key)
+        mine = owners.index(me_key) if me_key in owners else None  # the part this member owns, if any
+        n = len(owners)
         layout = Layout(layout) if layout is not None else layout_of(message)
         parts = split(message, n, layout)
         header: Header = {
@@ -330,23 +340,27 @@ class ExactReducer:
             "numel": message.numel,
             "count": message.count if layout == Layout.SHARED else None,
             "shared_key": [message.seed, message.step] if layout == Layout.SHARED else None,
-            "sender": me,
+            "sender": sender,
             "weight": weight,
             "round": group.round_id,
         }
-        own = self._slot(group.group_id, me)
-        own.group, own.me, own.params = group, me, _Params.of(header)
-        own.own = (parts[me], weight)
-        for i, remote in list(own.received):  # parts that came before we knew the group
-            if not self._is_member(group, i, remote):
-                own.received.pop((i, remote))
-        self._maybe_finish(own)
+        own: _Slot | None = None
+        if mine is not None:
+            own = self._slot(group.group_id, mine)
+            own.group, own.me, own.member, own.params = group, mine, sender, _Params.of(header)
+            own.own = (parts[mine], weight)
+            for i, remote in list(own.received):  # parts that came before we knew the group
+                if not self._is_member(group, i, remote):
+                    own.received.pop((i, remote))
+            self._maybe_finish(own)
+        samples: list[float] = []
 
         async def fetch(j: int) -> tuple[bytes, dict[str, str], Statement]:
-            if j == me:
-                result, mine = await self._await_result(own)
-                return result, {str(i): r for i, r in mine.items()}, self._statement(own, j, result)
-            peer = group.peers[j]
+            if j == mine:
+                assert own is not None
+                result, dropped_here = await self._await_result(own)
+                return result, {str(i): r for i, r in dropped_here.items()}, self._statement(own, j, result)
+            peer = owners[j]
             try:
                 answer, reduced = await self.node.call(
                     peer,
@@ -362,6 +376,9 @@ class ExactReducer:
                 raise PeerUnreachable(peer, f"part {j} from {peer[-6:]}: {e}") from None
             raw = answer.get("excluded")
             dropped = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
+            got = answer.get("samples")
+            if isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got):
+                samples.append(float(got))
             digest = part_digest(group.group_id, j, reduced, dropped)
             return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
@@ -376,25 +393,25 @@ class ExactReducer:
                 check_finite(part)
             except Exception as e:  # whatever the bytes provoke: the same verdict on every member
                 why = str(e) if isinstance(e, ValueError) else type(e).__name__
-                self.bans.ban(group.peers[j], f"invalid reduced part: {why}", group.round_id)
-                raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is invalid: {why}") from None
+                self.bans.ban(owners[j], f"invalid reduced part: {why}", group.round_id)
+                raise RoundFailed(f"part {j} from {owners[j][-6:]} is invalid: {why}") from None
             reduced_parts.append(part)
         # An owner could inflate its part of the aggregate: compare the parts' RMS (same bytes everywhere,
         # so the same verdict everywhere), with a wide margin since parts cover different coordinates.
         rms = {j: norm_of(p) / math.sqrt(max(1, p.count)) for j, p in enumerate(reduced_parts)}
         for j, why in outliers(rms, self.cfg.max_norm_ratio**2).items():
-            self.bans.ban(group.peers[j], f"inflated reduced part: RMS {why}", group.round_id)
-            raise RoundFailed(f"part {j} from {group.peers[j][-6:]} is inflated: RMS {why}")
+            self.bans.ban(owners[j], f"inflated reduced part: RMS {why}", group.round_id)
+            raise RoundFailed(f"part {j} from {owners[j][-6:]} is inflated: RMS {why}")
         excluded_now = {
             group.peers[int(i)]: str(r)
             for _, excluded, _ in answers
             for i, r in excluded.items()
-            if str(i).isdigit() and int(i) < n
+            if str(i).isdigit() and int(i) < len(group)
         }
         # every member still in the round assembled these same parts, or nobody commits
-        await self.agreement.confirm(
-            group, [s for _, _, s in answers], dropped=set(excluded_now), mine=self.node.peer_key
-        )
-        self.last_share = weight / own.total_weight if own.total_weight > 0 else 0.0
+        statements = [s for _, _, s in answers]
+        await self.agreement.confirm(group, statements, dropped=set(excluded_now), mine=me_key)
+        total = own.total_weight if own is not None else (samples[0] if samples else 0.0)
+        self.last_share = weight / total if total > 0 else 0.0
         self.last_excluded = excluded_now
         return assemble(reduced_parts, layout=layout, numel=message.numel, template=message)

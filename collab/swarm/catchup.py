@@ -89,7 +89,7 @@ class Catchup:
         itself rather than download it (and vouches for it like everyone else)."""
         view = self.aggregator.matchmaker.alive_peers
         floor = 0 if self.method.local_start and self.step < 0 else self.step
-        return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key) if s > floor]
+        return [(s, p) for s, p in alive_steps(view, exclude=self.node.peer_key, sources=True) if s > floor]
 
     def follow(self, peers: list[str], wait_s: float, stop: Callable[[float], bool]) -> bool:
         """This peer is out of a round that some of ``peers`` may commit (a confirmation went unanswered,

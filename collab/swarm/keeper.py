@@ -106,7 +106,7 @@ class ModelKeeper:
             logger.warning("keeper: cannot read the run's alive records: %s", e)
             return None
         now = time.monotonic()
-        for step, peer in alive_steps(alive):
+        for step, peer in alive_steps(alive, sources=True):
             if not self.due(step):
                 return None  # the most advanced usable peer is not far enough ahead yet
             if self._suspects.get(peer, 0.0) > now:

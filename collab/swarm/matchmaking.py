@@ -129,15 +129,25 @@ class Group:
     round_id: str
     members: tuple[tuple[int, str], ...]  # (device index, peer key), sorted
     nonce: str = ""  # chosen by the leader: a retried round with the same members is a new group
+    clients: tuple[str, ...] = ()  # members that accept no incoming calls (sorted): they own no part
 
     @property
     def group_id(self) -> str:
         text = self.round_id + "|" + self.nonce + "|" + ",".join(f"{d}:{p}" for d, p in self.members)
+        if self.clients:
+            text += "|clients:" + ",".join(self.clients)
         return hashlib.sha256(text.encode()).hexdigest()[:24]
 
     @property
     def peers(self) -> list[str]:
         return [p for _, p in self.members]
+
+    @property
+    def owners(self) -> list[str]:
+        """The members that own a part of the exchange (all but the clients), in canonical order: part
+        ``j`` belongs to ``owners[j]``."""
+        clients = set(self.clients)
+        return [p for _, p in self.members if p not in clients]
 
     def index_of(self, peer_key: str) -> int:
         return self.peers.index(peer_key)
@@ -160,6 +170,8 @@ class _Round:
     # smaller announced peers skipped only because their groups kept failing with this peer in them
     passed_over: set[str] = field(default_factory=set)
     forgiven: set[str] = field(default_factory=set)  # failed leaders this peer went back to (once each)
+    clients: set[str] = field(default_factory=set)  # joiners that accept no incoming calls
+    announced_clients: set[str] = field(default_factory=set)  # announced as clients: never leaders
     announcing: asyncio.Task[None] | None = None  # a steady-state leader's announcement, stored meanwhile
     changed: asyncio.Event = field(default_factory=asyncio.Event)
     group: asyncio.Future[Group] | None = None
@@ -215,6 +227,9 @@ class Matchmaker:
         self.state_hash = state_hash
         self.alive_peers: dict[str, AliveRecord] = {}  # refreshed by the heartbeat
         self._last_group: frozenset[str] = frozenset()  # members of the last group committed with
+        self._last_clients: frozenset[str] = frozenset()  # ... and the clients among them
+        # A client (behind NAT) listens nowhere: it joins groups but never leads one
+        self.client_mode = node.client_mode
         node.serve(JOIN, self._handle_join)
 
     # ---- bookkeeping --------------------------------------------------------------------------------
@@ -343,10 +358,11 @@ class Matchmaker:
         if len(done) >= max(1, self.cfg.min_group_size):
             raise RoundFailed(f"round {round_id}: {len(done)} peer(s) already committed it; catching up")
 
-    def remember_group(self, members: Iterable[str]) -> None:
-        """The group of ``members`` committed a round: the next may take the steady-state path (empty:
-        a round failed, the next looks for its group the usual way)."""
+    def remember_group(self, members: Iterable[str], clients: Iterable[str] = ()) -> None:
+        """The group of ``members`` (``clients`` among them) committed a round: the next may take the
+        steady-state path (empty: a round failed, the next looks for its group the usual way)."""
         self._last_group = frozenset(members)
+        self._last_clients = frozenset(clients) & self._last_group
 
     def _steady_leader(self) -> str | None:
         """The leader of the steady-state path, when it applies (see the module docstring)."""
@@ -355,7 +371,8 @@ class Matchmaker:
             return None
         if self._expected() | {self.node.peer_key} != group:
             return None
-        return min(group)
+        leaders = group - self._last_clients
+        return min(leaders) if leaders else None
 
     # ---- the joiner's side --------------------------------------------------------------------------
     async def form_group(self, round_id: str) -> Group:
@@ -387,7 +404,11 @@ class Matchmaker:
         )  # let peers of this round announce
         while time.monotonic() < deadline:
             announced = await self._announced(round_id, deadline)
-            leader = min([me, *announced])
+            candidates = [p for p in announced if p not in r.announced_clients]
+            if self.client_mode and not candidates:  # a client never leads: wait for a peer that can
+                await asyncio.sleep(0.1)
+                continue
+            leader = min(candidates if self.client_mode else [me, *candidates])
             if leader == me:
                 r.role, r.leader = Role.LEADER, me
                 return await self._lead(round_id, r, start, deadline)
@@ -401,7 +422,8 @@ class Matchmaker:
     async def _announce(self, round_id: str) -> None:
         """Store this peer's announcement of ``round_id`` (see the protocol above)."""
         expiration = get_dht_time() + self.timing.announce_ttl_s
-        await self.node.dht_store(self._key(round_id), self.node.peer_key, self.device_index, expiration)
+        value: int | list[object] = [self.device_index, "client"] if self.client_mode else self.device_index
+        await self.node.dht_store(self._key(round_id), self.node.peer_key, value, expiration)
 
     async def _ask(self, leader: str, round_id: str, deadline: float) -> Group | None:
         """Ask ``leader`` to take this peer into the round's group: the group, or ``None`` to look for
@@ -418,6 +440,7 @@ class Matchmaker:
                     "state_hash": self.state_hash(),
                     "wait_s": round(deadline - time.monotonic(), 3),
                     "avoid": self.bans.active_peers()[:MAX_AVOIDED],
+                    "client": self.client_mode,
                 },
                 timeout_s=max(0.1, deadline - time.monotonic()),
             )
@@ -428,7 +451,13 @@ class Matchmaker:
         status = answer.get("status")
         if status == JoinStatus.OK:
             members = tuple((int(d), str(p)) for d, p in answer["members"])
-            return Group(round_id, members, str(answer.get("nonce", "")))
+            raw_clients = answer.get("clients", [])
+            clients = tuple(sorted({str(p) for p in raw_clients})) if isinstance(raw_clients, list) else ()
+            peers = {p for _, p in members}
+            if not set(clients) <= peers - {leader} or (me in clients) != self.client_mode:
+                self.suspect(leader)
+                raise RoundFailed(f"round {round_id}: leader {leader[-6:]} listed impossible clients")
+            return Group(round_id, members, str(answer.get("nonce", "")), clients)
         if status == JoinStatus.REDIRECT:
             real = answer.get("leader")
             if isinstance(real, str) and self.bans.is_banned(real):
@@ -472,15 +501,21 @@ class Matchmaker:
         found = await self.node.dht_get_dict(self._key(round_id))
         out = {}
         r = self._round(round_id)
-        for peer, dev in found.items():
-            if peer == me or not isinstance(dev, int):
+        for peer, value in found.items():
+            dev, client = value, False
+            if isinstance(value, (list, tuple)) and len(value) == 2 and value[1] == "client":
+                dev, client = value[0], True
+            if peer == me or not isinstance(dev, int) or isinstance(dev, bool):
                 continue
+            if client:
+                r.announced_clients.add(peer)
             if not self.is_suspect(peer):
                 out[peer] = dev
             elif peer < me and self._only_a_failed_leader(peer) and peer not in r.forgiven:
                 r.passed_over.add(peer)
-        banned = [p for p in found if p != me and self.bans.is_banned(p)]
-        if banned and min(banned) < min([me, *out]):
+        banned = [p for p in found if p != me and self.bans.is_banned(p) and p not in r.announced_clients]
+        leaders = [p for p in out if p not in r.announced_clients] + ([] if self.client_mode else [me])
+        if banned and (not leaders or min(banned) < min(leaders)):
             self._decline(round_id, min(banned), deadline)
         return out
 
@@ -513,7 +548,7 @@ class Matchmaker:
                     if r.announcing is None:
                         await self._announce(round_id)
                     read_announced = True
-                smaller = [p for p in announced if p < me]
+                smaller = [p for p in announced if p < me and p not in r.announced_clients]
                 # Nobody follows this peer, and a smaller one it passed over (its groups kept failing)
                 # still leads: the others may follow that one, so go back to it once rather than both
                 # lead groups too small to hold until the deadline.
@@ -580,7 +615,8 @@ class Matchmaker:
             r.group.set_exception(err)
             r.group.exception()
             raise
-        group = Group(round_id, tuple(members), secrets.token_hex(8))
+        in_group = {p for _, p in members}
+        group = Group(round_id, tuple(members), secrets.token_hex(8), tuple(sorted(r.clients & in_group)))
         r.group.set_result(group)
         return group
 
@@ -592,6 +628,10 @@ class Matchmaker:
         if self.bans.is_banned(remote):
             return {"status": JoinStatus.BANNED.value}, b""
         r = self._round(round_id)
+        if self.client_mode:  # never a leader (the caller reached us over a connection we opened)
+            if r.leader is not None and r.leader != self.node.peer_key:
+                return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
+            return {"status": JoinStatus.FAILED.value}, b""
         theirs = header.get("state_hash")
         theirs = theirs if isinstance(theirs, str) else None
         # A joiner may come before this peer has finished the step before the round (its state is then
@@ -607,6 +647,10 @@ class Matchmaker:
             return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index
         r.hashes[remote] = theirs
+        if header.get("client") is True:
+            r.clients.add(remote)
+        else:
+            r.clients.discard(remote)
         avoid = header.get("avoid")
         r.avoids[remote] = (
             {a for a in avoid[:MAX_AVOIDED] if isinstance(a, str)} if isinstance(avoid, list) else set()
@@ -643,4 +687,5 @@ class Matchmaker:
             "status": JoinStatus.OK.value,
             "members": [[d, p] for d, p in group.members],
             "nonce": group.nonce,
+            "clients": list(group.clients),
         }, b""

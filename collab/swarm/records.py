@@ -40,7 +40,9 @@ class AliveRecord:
     ``step``: its latest committed step (-1: none yet; the coordinator's is -1 too); ``version``: its
     config version (the coordinator's names the run's config; without a coordinator the majority of the
     alive peers does); ``rate``: its samples per second of computation, once settled (fellow members size
-    target-batch rounds by it and bound its claims); ``microbatch``: the samples of one of its evaluations.
+    target-batch rounds by it and bound its claims); ``microbatch``: the samples of one of its evaluations;
+    ``client``: it accepts no incoming connections (behind NAT): never a leader, a part owner, a
+    collector or a state source.
     """
 
     step: int
@@ -50,6 +52,7 @@ class AliveRecord:
     device: int = -1
     rate: float | None = None
     microbatch: float | None = None
+    client: bool = False
 
     @property
     def trains(self) -> bool:
@@ -65,6 +68,7 @@ class AliveRecord:
             "device": self.device,
             "rate": self.rate,
             "microbatch": self.microbatch,
+            "client": self.client,
         }
 
     @classmethod
@@ -85,6 +89,9 @@ class AliveRecord:
             return None
         if not isinstance(version, str) or not isinstance(status, str):
             return None
+        client = value.get("client", False)
+        if not isinstance(client, bool):
+            return None
         try:
             parsed_status = PeerStatus(status)
         except ValueError:
@@ -97,6 +104,7 @@ class AliveRecord:
             device=device,
             rate=_positive(value.get("rate")),
             microbatch=_positive(value.get("microbatch")),
+            client=client,
         )
 
 

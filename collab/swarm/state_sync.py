@@ -305,10 +305,15 @@ def download_state(
     return Downloaded(state, kept or frozenset())
 
 
-def alive_steps(alive: Mapping[str, AliveRecord], *, exclude: str | None = None) -> list[tuple[int, str]]:
-    """``(step, peer)`` of the training peers in an alive view, most advanced first."""
+def alive_steps(
+    alive: Mapping[str, AliveRecord], *, exclude: str | None = None, sources: bool = False
+) -> list[tuple[int, str]]:
+    """``(step, peer)`` of the training peers in an alive view, most advanced first (``sources``: only
+    those that can serve their state - not clients, which accept no incoming calls)."""
     steps = [
-        (rec.step, peer) for peer, rec in alive.items() if peer != exclude and rec.trains and rec.step >= 0
+        (rec.step, peer)
+        for peer, rec in alive.items()
+        if peer != exclude and rec.trains and rec.step >= 0 and not (sources and rec.client)
     ]
     return sorted(steps, reverse=True)
 

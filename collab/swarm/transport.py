@@ -113,6 +113,7 @@ class SwarmNode:
         host: str = "127.0.0.1",
         port: int = 0,
         client_mode: bool = False,
+        auto_relay: bool = False,
         identity_path: str | None = None,
         max_message_bytes: int = 512 * 1024**2,
         start_timeout_s: float = 60.0,
@@ -121,6 +122,7 @@ class SwarmNode:
         ensure_bootstrap_success: bool = True,
     ) -> None:
         self.max_message_bytes = max_message_bytes
+        self.client_mode = client_mode
         self.access = access
         self._spawned: set[Any] = set()
         self.bytes_sent = 0
@@ -129,13 +131,18 @@ class SwarmNode:
         if identity_path:
             _ensure_identity(identity_path)
             kwargs["identity_path"] = identity_path
+        if auto_relay:  # libp2p looks for relays through which others can reach this peer (behind NAT)
+            kwargs["use_auto_relay"] = True
         if access is not None:  # every DHT request signed with our token, every incoming one checked
             kwargs["authorizer"] = access.authorizer
         for attempt in range(BOOTSTRAP_ATTEMPTS):
             try:
                 self.dht = hivemind.DHT(
                     initial_peers=list(initial_peers),
-                    host_maddrs=[f"/ip4/{host}/tcp/{port}"],
+                    # a client (behind NAT) listens nowhere: it dials out, and only the peers it dialed
+                    # can reach it, over that connection
+                    host_maddrs=[] if client_mode else [f"/ip4/{host}/tcp/{port}"],
+                    no_listen=client_mode,
                     client_mode=client_mode,
                     record_validators=list(record_validators),
                     ensure_bootstrap_success=ensure_bootstrap_success,
@@ -334,6 +341,9 @@ class SwarmNode:
         return self.run(self.dht_get_dict(key), timeout_s=timeout_s)
 
     def visible_maddrs(self) -> list[str]:
+        """The addresses other peers can dial this one at (none for a client: it listens nowhere)."""
+        if self.client_mode:
+            return []
         return [str(a) for a in self.dht.get_visible_maddrs()]
 
     # ---- shutdown ---------------------------------------------------------------------------------

@@ -62,7 +62,6 @@ class Volunteer:
         checkpoint_every: int = 0,
         device: str = "cpu",
         precision: str = "fp32",
-        client_mode: bool = False,
         batch_size: int | None = None,
         throttle: float = 1.0,
     ) -> None:
@@ -82,7 +81,7 @@ class Volunteer:
 
         self.log = EventLog(log_path, node.peer_key)
         self.reporter = Reporter(
-            node=node, cfg=cfg, signer=signer, name=self.name, device=device, client_mode=client_mode
+            node=node, cfg=cfg, signer=signer, name=self.name, device=device, client_mode=node.client_mode
         )
         # batch size and throttle are this volunteer's own choice: not in the run's config (nor its
         # version); contributions are weighted by the samples behind them
@@ -170,6 +169,7 @@ class Volunteer:
             # settled (the first evaluations of a model are slow)
             rate=self.rate if self._rate_steps >= RATE_WARMUP_STEPS else None,
             microbatch=float(self.method.workers[0].operator.weight),  # the samples of one evaluation
+            client=self.node.client_mode,  # never asked to lead, own a part or serve its state
         )
 
     def _on_view(self, view: AliveView) -> None:
@@ -253,6 +253,7 @@ class Volunteer:
             samples=self.method.last_samples,
             share=round(share, 4),
             members=self.aggregator.last_group.peers if self.aggregator.last_group else [],
+            clients=list(self.aggregator.last_group.clients) if self.aggregator.last_group else [],
             refreshed=refreshed,
             bits_up=stats.bits_up,
             bits_down=stats.bits_down,

@@ -60,7 +60,9 @@ def _config(method: dict[str, Any]) -> dict[str, Any]:
 
 
 @pytest.mark.timeout(240)
-@pytest.mark.parametrize("name", list(METHODS))
+# masha1-randk10 runs in test_client_mode.py, with two of the four peers in client mode (a superset: the
+# other two exchange as here), which keeps the suite's time within its budget
+@pytest.mark.parametrize("name", [m for m in METHODS if m != "masha1-randk10"])
 def test_swarm_matches_simulation(swarm: Swarm, name: str) -> None:
     data = _config(METHODS[name])
     path = swarm.write_config(data)
