@@ -9,8 +9,9 @@ the swarm's state. So, before a member applies a round's aggregate:
    checks the signature when the part arrives (the key is what that owner gave it, over the authenticated
    libp2p stream).
 2. **Confirmation.** Each member signs its list of the owners' statements it holds (with the same key
-   it signed its own part with) and sends it to the round's *collector*, the first member still in the
-   round (members some owner dropped are not: their lists are not waited for, but they get the answer and
+   it signed its own part with; a client, which owns no part, with the key its list names) and sends it
+   to the round's *collector*, the first member still in the round that is not a client (members some
+   owner dropped are not in the round: their lists are not waited for, but they get the answer and
    commit with the others); the collector answers every member with all the signed lists once it holds
    them all, or with a failure when one is missing by ``allreduce_timeout_s``. It
    decides once: every member that gets an answer gets the same one. A member commits only when every

@@ -1,8 +1,9 @@
 """Exact reduce-scatter / all-gather: every group member ends with the same bytes for the average.
 
-Member ``j`` of a group (canonical order) owns part ``j`` of the layout (see
-:mod:`collab.compression.partition`). Each member sends part ``j`` of its message, with its weight, to
-member ``j`` in a ``collab.part`` call; the owner waits for all ``n`` parts, averages them **once** with
+The group's owners (its members in canonical order, less its clients: peers that accept no incoming
+calls) split the layout: owner ``j`` owns part ``j`` (see :mod:`collab.compression.partition`). Each
+member, clients included, sends part ``j`` of its message, with its weight, to owner ``j`` in a
+``collab.part`` call; the owner waits for all ``n`` parts, averages them **once** with
 :func:`~collab.compression.weighted_mean` in canonical order, and answers every sender with the same
 serialized result. Each member reassembles the ``n`` answers. Unlike hivemind's butterfly all-reduce (which
 returns ``average - own_part`` for every sender to add back, so members differ in the last bits), nobody

@@ -43,6 +43,12 @@ from the others') does the same at once, rather than ask again until the round's
 that sees a peer it bans announced with the smallest key joins it once, naming the ban, so that the group
 of those who follow it does not wait for this peer until the deadline.
 
+**Clients** (volunteers behind NAT: they listen nowhere, see ``SwarmNode(client_mode=True)``) announce
+themselves as such (value ``[device index, "client"]``) and never lead: a client joins the smallest peer
+that listens, waiting for one to announce; the steady-state leader is the last group's smallest non-client
+key. A leader lists its client joiners in ``Group.clients`` (part of the group id): they own no part of
+the exchange. A joiner listed otherwise than it is fails the round.
+
 **A leader whose groups keep failing is passed over.** A peer that does not know of the others' ban
 follows the banned leader, whose groups never gather enough members; the leader answers ``failed`` (with
 ``member``: the group failed with the joiner in it) or ``timeout``. The second such failure in a round

@@ -10,6 +10,7 @@ import asyncio
 import contextlib
 import os
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hivemind.p2p import P2P, PeerID
@@ -138,24 +139,37 @@ def test_a_client_with_the_smallest_key_never_leads(steady: bool, tmp_path: Path
             n.shutdown()
 
 
-@pytest.mark.timeout(300)
+@pytest.mark.timeout(450)
 def test_a_late_client_downloads_the_state_and_joins_the_rounds(swarm: Swarm) -> None:
     """A client that starts after the others have moved ahead takes their state by download (it dials
-    them) and then takes part in their rounds; every peer ends with the same state."""
+    them) and then takes part in their rounds with the same state as everyone. The run is open-ended and
+    the test watches the client's progress: on a busy machine the listeners may run hundreds of steps
+    before the client is up (a fixed step budget once let them finish first)."""
     data = _config(METHODS["masha2-topk10"])
     data["run_id"] = "client-late"
     data["swarm"]["min_group_size"] = 3
-    data["max_steps"] = 150  # long enough for the client to start, sync and train along
+    data["max_steps"] = 100_000  # stopped by the test once the client has trained along
     path = swarm.write_config(data)
     servers = [swarm.start(path, device_index=i) for i in range(3)]
     swarm.wait_until(lambda: all(p.last_step() >= 5 for p in servers), 150, "the listeners at step 5")
     late = swarm.start(path, device_index=3, extra=["--client-mode"])
-    summaries = [swarm.finish(p, timeout_s=240) for p in [*servers, late]]
-    assert len({s["hash"] for s in summaries}) == 1, summaries
+
+    def rounds() -> list[dict[str, Any]]:
+        return [r for r in late.records() if "event" not in r]
+
+    swarm.wait_until(lambda: len(rounds()) >= 10, 240, "10 rounds of the late client")
+    for p in [*servers, late]:
+        swarm.kill(p)
     records = late.records()
     syncs = [r for r in records if r.get("event") == "sync"]
     assert syncs and syncs[0]["step"] >= 5, f"the late client must download a state: {syncs}"
     key = records[0]["peer"]
-    rounds = [r for r in records if "event" not in r]
-    assert rounds, "the late client must take part in rounds after its download"
-    assert all(r["clients"] == [key] and r["group"] == 4 for r in rounds), rounds[:3]
+    mine = rounds()
+    assert all(r["clients"] == [key] and r["group"] == 4 for r in mine), mine[:3]
+    # every step the client committed, the listeners committed with the same state
+    # (a listener killed a moment before it wrote the step's line: only its last steps may be missing)
+    logs = [p.steps() for p in servers]
+    checked = [r for r in mine if all(r["step"] in log for log in logs)]
+    assert len(checked) >= len(mine) - 2, (len(checked), len(mine))
+    for r in checked:
+        assert all(log[r["step"]] == r["hash"] for log in logs), (r, [log[r["step"]] for log in logs])
