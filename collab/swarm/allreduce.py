@@ -354,7 +354,7 @@ class ExactReducer:
                 if not self._is_member(group, i, remote):
                     own.received.pop((i, remote))
             self._maybe_finish(own)
-        samples: list[float] = []
+        samples: dict[int, float] = {}  # part -> the samples behind it, as its owner says
 
         async def fetch(j: int) -> tuple[bytes, dict[str, str], Statement]:
             if j == mine:
@@ -379,7 +379,7 @@ class ExactReducer:
             dropped = {str(k): str(v) for k, v in raw.items()} if isinstance(raw, dict) else {}
             got = answer.get("samples")
             if isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got):
-                samples.append(float(got))
+                samples[j] = float(got)
             digest = part_digest(group.group_id, j, reduced, dropped)
             return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
@@ -412,7 +412,8 @@ class ExactReducer:
         # every member still in the round assembled these same parts, or nobody commits
         statements = [s for _, _, s in answers]
         await self.agreement.confirm(group, statements, dropped=set(excluded_now), mine=me_key)
-        total = own.total_weight if own is not None else (samples[0] if samples else 0.0)
-        self.last_share = weight / total if total > 0 else 0.0
+        # a client owns no part: the samples behind part 0 (every part averages the same members)
+        total = own.total_weight if own is not None else samples.get(0, 0.0)
+        self.last_share = min(1.0, weight / total) if total > 0 else 0.0
         self.last_excluded = excluded_now
         return assemble(reduced_parts, layout=layout, numel=message.numel, template=message)

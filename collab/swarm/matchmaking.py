@@ -4,8 +4,13 @@ Protocol (one round):
 
 1. every peer announces itself in the DHT under ``{run_id}_round_{step}.{phase}`` (subkey: its peer key,
    value: its device index) and, a moment later, reads who else announced;
-2. the peer with the smallest key among the announced, reachable ones is the **leader**; the others send
-   it a ``collab.join`` call and wait;
+2. the first of the announced, reachable ones in the **leader order** is the leader; the others send
+   it a ``collab.join`` call and wait. The order: fewest alive peers banning it (every alive record
+   names the peers its writer bans), then smallest key. Every peer reads the same records, so the order
+   is the same for all even while their bans differ: an attacker that one honest peer has caught and
+   another has not yet is not followed by either (seen under load: an honest peer kept following an
+   attacker the others banned, and the run stopped for lack of progress). Records only order leaders:
+   a peer bans only what it verified itself;
 3. the leader closes the group when every live peer has joined, or when ``target_group_size`` is reached,
    or when ``min_matchmaking_time_s`` has passed and every announced peer has joined (one that has died
    since, its alive record gone, is not waited for), or at ``matchmaking_timeout_s``; it answers every
@@ -13,10 +18,10 @@ Protocol (one round):
    every member sums contributions. A joiner says how long it waits (``wait_s``); the leader answers
    ``timeout`` before that rather than list a member that has given up.
 
-**Steady state.** When the peers alive are exactly the members of the last group this peer committed
-with, the round skips the DHT reads: the last group's smallest key leads without reading announcements
-(it stores its own in the background, so that a member retrying the round the usual way finds it), and
-every other member calls it at once. Anything unusual - the leader unreachable or
+**Steady state.** When the peers alive are exactly the members of the last group this peer committed with,
+the round skips the DHT reads: the last group's first peer in the leader order leads without reading
+announcements (it stores its own in the background, so that a member retrying the round the usual way
+finds it), and every other member calls it at once. Anything unusual - the leader unreachable or
 redirecting, a peer joined or left the alive view (a newcomer appears there within a heartbeat, and the
 members then announce again, so it finds them) - falls back to the protocol above for that round.
 
@@ -40,24 +45,24 @@ accused peer stays out when a majority of the group bans it, otherwise the accus
 a peer that bans honest members only shuts itself out. The leader then suspects the peer it left out, so
 the next rounds do not wait for it. A joiner redirected to a leader it bans (its view of bans differs
 from the others') does the same at once, rather than ask again until the round's deadline; and a peer
-that sees a peer it bans announced with the smallest key joins it once, naming the ban, so that the group
+that sees a peer it bans announced first in the leader order joins it once, naming the ban, so that the group
 of those who follow it does not wait for this peer until the deadline.
 
 **Clients** (volunteers behind NAT: they listen nowhere, see ``SwarmNode(client_mode=True)``) announce
-themselves as such (value ``[device index, "client"]``) and never lead: a client joins the smallest peer
-that listens, waiting for one to announce; the steady-state leader is the last group's smallest non-client
-key. A leader lists its client joiners in ``Group.clients`` (part of the group id): they own no part of
-the exchange. A joiner listed otherwise than it is fails the round.
+themselves as such (value ``[device index, "client"]``) and never lead: a client joins the first peer that
+listens, waiting for one to announce; the steady-state leader is the last group's first non-client. A
+leader lists its client joiners in ``Group.clients`` (part of the group id): they own no part of the
+exchange. A joiner listed otherwise than it is fails the round.
 
 **A leader whose groups keep failing is passed over.** A peer that does not know of the others' ban
 follows the banned leader, whose groups never gather enough members; the leader answers ``failed`` (with
-``member``: the group failed with the joiner in it) or ``timeout``. The second such failure in a round
-(or failures for longer than the matchmaking limit) makes the joiner skip that leader for
-``suspect_ttl_s`` and follow the next smallest key (seen in CI: an honest peer asked the banned leader of
-its round for 60 s and stopped for lack of progress). A peer that then leads with nobody joining for half
-the matchmaking limit goes back to the leader it passed over, once per round: the others may follow it
-for good reasons (two honest leaders waiting for each other until the deadline would fail every round).
-"""
+``member``: the group failed with the joiner in it) or ``timeout``. The second such failure in a round (or
+failures for longer than the matchmaking limit) makes the joiner skip that leader for ``suspect_ttl_s``
+and follow the next in the leader order (seen in CI: an honest peer asked the banned leader of its round
+for 60 s and stopped for lack of progress). A peer that then leads with nobody joining for half the
+matchmaking limit goes back to the leader it passed over, once per round: the others may follow it for
+good reasons (two honest leaders waiting for each other until the deadline would fail every round); so
+does a joiner that another peer redirects to it, and a client that finds no other leader."""
 
 from __future__ import annotations
 
@@ -126,6 +131,17 @@ def settle_bans(members: Iterable[str], avoids: dict[str, set[str]], *, keep: st
         else:
             out |= accusers - {keep}
     return out
+
+
+def leader_order(view: dict[str, AliveRecord]) -> Callable[[str], tuple[int, str]]:
+    """The sort key of the order in which peers lead: fewest alive peers whose records say they ban it,
+    then smallest key. Every peer reads the same records, so they agree on it even while their own bans
+    differ (a peer that has not caught an attacker yet does not follow it either)."""
+    accusers: dict[str, int] = {}
+    for reporter, rec in view.items():
+        for banned in set(rec.bans) - {reporter}:
+            accusers[banned] = accusers.get(banned, 0) + 1
+    return lambda peer_key: (accusers.get(peer_key, 0), peer_key)
 
 
 @dataclass(frozen=True)
@@ -231,6 +247,7 @@ class Matchmaker:
         # The hash of the committed state this peer enters rounds with: a leader refuses joiners whose
         # state differs, so two diverged states never average together.
         self.state_hash = state_hash
+        self.rank: Callable[[str], tuple[int, str]] = leader_order({})
         self.alive_peers: dict[str, AliveRecord] = {}  # refreshed by the heartbeat
         self._last_group: frozenset[str] = frozenset()  # members of the last group committed with
         self._last_clients: frozenset[str] = frozenset()  # ... and the clients among them
@@ -287,6 +304,16 @@ class Matchmaker:
             self._failed_leaders[leader] = now + self.cfg.suspect_ttl_s
             self._failures.pop((round_id, leader), None)
 
+    def _forgive(self, r: _Round) -> list[str]:
+        """Follow again, once this round, the leaders this peer passed over in it (it found no other
+        group to join); returns them."""
+        back = [p for p in r.passed_over if self._only_a_failed_leader(p)]
+        for p in back:
+            self._failed_leaders.pop(p, None)
+            r.forgiven.add(p)
+        r.passed_over.clear()
+        return back
+
     def _round(self, round_id: str) -> _Round:
         r = self._rounds.get(round_id)
         if r is None:
@@ -305,6 +332,7 @@ class Matchmaker:
     def alive_peers(self, view: dict[str, AliveRecord]) -> None:
         self._alive_peers = view
         self._seen_alive.update(view)
+        self.rank = leader_order(view)
 
     def _gone(self, peer_key: str) -> bool:
         """Seen alive before, no longer alive: died (its announcements in the DHT outlive it)."""
@@ -378,13 +406,14 @@ class Matchmaker:
         if self._expected() | {self.node.peer_key} != group:
             return None
         leaders = group - self._last_clients
-        return min(leaders) if leaders else None
+        return min(leaders, key=self.rank) if leaders else None
 
     # ---- the joiner's side --------------------------------------------------------------------------
-    async def form_group(self, round_id: str) -> Group:
+    async def form_group(self, round_id: str, *, deadline: float | None = None) -> Group:
+        """The group of ``round_id``, formed by ``deadline`` (default: the matchmaking limit from now)."""
         me = self.node.peer_key
         start = time.monotonic()
-        deadline = start + self.timing.matchmaking_s
+        deadline = start + self.timing.matchmaking_s if deadline is None else deadline
         r = self._round(round_id)
         if r.closed:  # we are retrying this round: a new group, a new leader state
             self._rounds.pop(round_id, None)
@@ -412,9 +441,10 @@ class Matchmaker:
             announced = await self._announced(round_id, deadline)
             candidates = [p for p in announced if p not in r.announced_clients]
             if self.client_mode and not candidates:  # a client never leads: wait for a peer that can
+                self._forgive(r)  # ... or go back to one it passed over: nobody else leads
                 await asyncio.sleep(0.1)
                 continue
-            leader = min(candidates if self.client_mode else [me, *candidates])
+            leader = min(candidates if self.client_mode else [me, *candidates], key=self.rank)
             if leader == me:
                 r.role, r.leader = Role.LEADER, me
                 return await self._lead(round_id, r, start, deadline)
@@ -474,6 +504,13 @@ class Matchmaker:
                     [leader],
                     self.timing.left_out_s,
                 )
+            if isinstance(real, str) and self._only_a_failed_leader(real):
+                # the others follow the leader this peer passed over: go back to it (once this round),
+                # or be sent between the two until the deadline
+                r = self._round(round_id)
+                if real not in r.forgiven:
+                    self._failed_leaders.pop(real, None)
+                    r.forgiven.add(real)
             await asyncio.sleep(0.02)
             return None
         if status == JoinStatus.STATE_MISMATCH:
@@ -517,12 +554,16 @@ class Matchmaker:
                 r.announced_clients.add(peer)
             if not self.is_suspect(peer):
                 out[peer] = dev
-            elif peer < me and self._only_a_failed_leader(peer) and peer not in r.forgiven:
+            elif (
+                (self.client_mode or self.rank(peer) < self.rank(me))
+                and self._only_a_failed_leader(peer)
+                and peer not in r.forgiven
+            ):
                 r.passed_over.add(peer)
         banned = [p for p in found if p != me and self.bans.is_banned(p) and p not in r.announced_clients]
         leaders = [p for p in out if p not in r.announced_clients] + ([] if self.client_mode else [me])
-        if banned and (not leaders or min(banned) < min(leaders)):
-            self._decline(round_id, min(banned), deadline)
+        if banned and (not leaders or min(map(self.rank, banned)) < min(map(self.rank, leaders))):
+            self._decline(round_id, min(banned, key=self.rank), deadline)
         return out
 
     def _decline(self, round_id: str, leader: str, deadline: float) -> None:
@@ -554,22 +595,20 @@ class Matchmaker:
                     if r.announcing is None:
                         await self._announce(round_id)
                     read_announced = True
-                smaller = [p for p in announced if p < me and p not in r.announced_clients]
+                smaller = [
+                    p for p in announced if self.rank(p) < self.rank(me) and p not in r.announced_clients
+                ]
                 # Nobody follows this peer, and a smaller one it passed over (its groups kept failing)
                 # still leads: the others may follow that one, so go back to it once rather than both
                 # lead groups too small to hold until the deadline.
                 if not smaller and not r.joiners and now - start >= self.timing.matchmaking_s / 2:
-                    smaller = [p for p in r.passed_over if self._only_a_failed_leader(p)]
-                    for p in smaller:
-                        self._failed_leaders.pop(p, None)
-                        r.forgiven.add(p)
-                    r.passed_over.clear()
+                    smaller = self._forgive(r)
                 if smaller:  # a smaller peer showed up (or is followed again): it leads this round
-                    r.role, r.leader = Role.FOLLOWER, min(smaller)
+                    r.role, r.leader = Role.FOLLOWER, min(smaller, key=self.rank)
                     r.changed.set()  # waiting joiners see the new role and get redirected
                     if time.monotonic() >= deadline:
                         raise RoundFailed(f"round {round_id}: no group in time")
-                    return await self.form_group(round_id)
+                    return await self.form_group(round_id, deadline=deadline)
             size = 1 + len(r.joiners)
             # A peer killed mid-round leaves its announcement behind: waiting for it would hold every
             # retry of the round until the deadline (and lose the joiners whose own deadlines come first).
@@ -645,15 +684,21 @@ class Matchmaker:
         mine = self.state_hash() if r.role == Role.LEADER else None
         if mine is not None and theirs not in (None, mine):
             return {"status": JoinStatus.STATE_MISMATCH.value}, b""
-        if r.closed and not (r.group is not None and r.group.done() and remote in r.joiners):
-            # closed: formed without the joiner (it must not redo the round apart), or failed (it may)
-            failed = r.group is not None and r.group.done() and r.group.exception() is not None
-            return {"status": (JoinStatus.FAILED if failed else JoinStatus.CLOSED).value}, b""
+        if r.closed:
+            # failed (the joiner may retry; a member already heard it failed with it in it), or closed:
+            # formed without the joiner (it must not redo the round apart) - a member asking again gets
+            # the group once more
+            formed = r.group is not None and r.group.done()
+            if formed and r.group is not None and r.group.exception() is not None:
+                return {"status": JoinStatus.FAILED.value}, b""
+            if not (formed and remote in r.joiners):
+                return {"status": JoinStatus.CLOSED.value}, b""
         if r.role == Role.FOLLOWER and r.leader is not None:
             return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index
         r.hashes[remote] = theirs
-        if header.get("client") is True:
+        record = self.alive_peers.get(remote)
+        if header.get("client") is True or remote in r.announced_clients or (record and record.client):
             r.clients.add(remote)
         else:
             r.clients.discard(remote)

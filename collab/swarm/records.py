@@ -20,6 +20,7 @@ from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr
 
 RECORD_VERSION = 1
 VOUCHED_STATES = 16  # a progress record vouches for this peer's latest committed (step, state hash) pairs
+MAX_PUBLISHED_BANS = 64  # banned peers an alive record names
 
 
 class PeerStatus(StrEnum):
@@ -42,7 +43,8 @@ class AliveRecord:
     alive peers does); ``rate``: its samples per second of computation, once settled (fellow members size
     target-batch rounds by it and bound its claims); ``microbatch``: the samples of one of its evaluations;
     ``client``: it accepts no incoming connections (behind NAT): never a leader, a part owner, a
-    collector or a state source.
+    collector or a state source; ``bans``: the peers it bans now (at most :data:`MAX_PUBLISHED_BANS`):
+    peers choose leaders that nobody bans (see :mod:`collab.swarm.matchmaking`), never ban on them.
     """
 
     step: int
@@ -53,6 +55,7 @@ class AliveRecord:
     rate: float | None = None
     microbatch: float | None = None
     client: bool = False
+    bans: tuple[str, ...] = ()
 
     @property
     def trains(self) -> bool:
@@ -69,6 +72,7 @@ class AliveRecord:
             "rate": self.rate,
             "microbatch": self.microbatch,
             "client": self.client,
+            "bans": list(self.bans[:MAX_PUBLISHED_BANS]),
         }
 
     @classmethod
@@ -92,6 +96,9 @@ class AliveRecord:
         client = value.get("client", False)
         if not isinstance(client, bool):
             return None
+        bans = value.get("bans", [])
+        if not isinstance(bans, list) or not all(isinstance(b, str) for b in bans):
+            return None
         try:
             parsed_status = PeerStatus(status)
         except ValueError:
@@ -105,6 +112,7 @@ class AliveRecord:
             rate=_positive(value.get("rate")),
             microbatch=_positive(value.get("microbatch")),
             client=client,
+            bans=tuple(bans[:MAX_PUBLISHED_BANS]),
         )
 
 

@@ -170,6 +170,7 @@ class Volunteer:
             rate=self.rate if self._rate_steps >= RATE_WARMUP_STEPS else None,
             microbatch=float(self.method.workers[0].operator.weight),  # the samples of one evaluation
             client=self.node.client_mode,  # never asked to lead, own a part or serve its state
+            bans=tuple(self.aggregator.bans.active_peers()),  # the others choose leaders nobody bans
         )
 
     def _on_view(self, view: AliveView) -> None:

@@ -128,3 +128,60 @@ def test_a_peer_unaware_of_a_ban_stops_following_the_banned_leader(unaware: str)
     finally:
         for n in reversed(nodes):
             n.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_published_bans_keep_an_unaware_peer_off_the_banned_leader() -> None:
+    """As above, but the accusers' alive records name their ban (as volunteers' records do): the unaware
+    peer never follows the banned smallest key, so the three honest peers form the round at the first
+    try, well within one matchmaking limit (seen under load: an honest peer kept following an attacker
+    that the others banned, the pass-over was undone, and the run stopped for lack of progress)."""
+    cfg = SwarmConfig(min_group_size=3, min_matchmaking_time_s=0.5, matchmaking_timeout_s=3.0)
+    first = SwarmNode()
+    nodes = [first, *(SwarmNode(initial_peers=first.visible_maddrs()) for _ in range(3))]
+    try:
+        nodes.sort(key=lambda n: n.peer_key)
+        hostile, a, b, unaware = nodes
+        makers = {
+            n.peer_key: Matchmaker(node=n, run_id="published", cfg=cfg, device_index=i, config_version="v")
+            for i, n in enumerate(nodes)
+        }
+        view = {n.peer_key: AliveRecord(step=5, status=PeerStatus.TRAINING) for n in nodes}
+        for accuser in (a, b):
+            makers[accuser.peer_key].bans.ban(hostile.peer_key, "test: an invalid part")
+            view[accuser.peer_key] = AliveRecord(step=5, status=PeerStatus.TRAINING, bans=(hostile.peer_key,))
+        for mm in makers.values():
+            mm.alive_peers = dict(view)
+        # what the records say, every peer reads alike: the hostile peer leads last
+        assert sorted(makers[unaware.peer_key].alive_peers, key=makers[unaware.peer_key].rank)[-1] == (
+            hostile.peer_key
+        )
+
+        async def timed(n: SwarmNode) -> tuple[object, float]:
+            start = time.monotonic()
+            try:
+                out: object = await makers[n.peer_key].form_group("5.delta")
+            except Exception as e:  # the outcome is what the test checks
+                out = e
+            return out, time.monotonic() - start
+
+        async def gather() -> list[tuple[object, float]]:
+            futures = [
+                asyncio.wrap_future(asyncio.run_coroutine_threadsafe(timed(n), n._loop))
+                for n in (a, b, unaware)
+            ]
+            hostile_side = asyncio.run_coroutine_threadsafe(timed(hostile), hostile._loop)
+            try:
+                return await asyncio.gather(*futures)
+            finally:
+                hostile_side.cancel()
+
+        outcome = first.run(gather(), timeout_s=60)
+        groups = [g for g, _ in outcome]
+        assert all(isinstance(g, Group) for g in groups), outcome
+        assert groups[0].peers == sorted([a.peer_key, b.peer_key, unaware.peer_key]), groups[0]  # type: ignore[union-attr]
+        assert len({g.group_id for g in groups}) == 1, groups  # type: ignore[union-attr]
+        assert max(t for _, t in outcome) < cfg.matchmaking_timeout_s, outcome
+    finally:
+        for n in reversed(nodes):
+            n.shutdown()

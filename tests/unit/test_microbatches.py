@@ -366,3 +366,29 @@ def test_settle_bans_leaves_out_the_accused_only_on_a_majority() -> None:
     # a peer that bans everyone shuts out only itself; the leader always stays
     assert settle_bans(group, {"d": {"a", "b", "c"}}, keep="a") == {"d"}
     assert settle_bans(group, {"b": {"a"}, "c": {"a"}, "d": {"a"}}, keep="a") == {"b", "c", "d"}
+
+
+def test_alive_records_name_their_bans_and_order_leaders() -> None:
+    from collab.swarm.records import MAX_PUBLISHED_BANS, AliveRecord, PeerStatus, parse_alive
+
+    rec = AliveRecord(step=2, status=PeerStatus.TRAINING, bans=("x", "y"))
+    assert AliveRecord.parse(rec.to_wire()) == rec
+    many = AliveRecord(step=2, status=PeerStatus.TRAINING, bans=tuple(f"p{i}" for i in range(100)))
+    assert len(AliveRecord.parse(many.to_wire()).bans) == MAX_PUBLISHED_BANS  # type: ignore[union-attr]
+    for bad in ("x", ["x", 3], None):
+        assert AliveRecord.parse({"step": 1, "status": "training", "bans": bad}) is None, bad
+    assert AliveRecord.parse({"step": 1, "status": "training"}).bans == ()  # type: ignore[union-attr]
+    # the order matchmaking uses: fewest records banning a peer, then its key; a self-ban counts nothing
+    from collab.swarm.matchmaking import leader_order
+
+    view = parse_alive(
+        {
+            "a": {"step": 1, "status": "training", "bans": ["a", "b"]},
+            "b": {"step": 1, "status": "training"},
+            "c": {"step": 1, "status": "training", "bans": ["a"]},
+            "d": {"step": 1, "status": "training", "bans": ["b"]},
+        }
+    )
+    order = leader_order(view)
+    assert sorted(["d", "c", "b", "a"], key=order) == ["c", "d", "a", "b"]
+    assert order("unknown") == (0, "unknown")
