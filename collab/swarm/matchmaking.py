@@ -409,8 +409,9 @@ class Matchmaker:
         return min(leaders, key=self.rank) if leaders else None
 
     # ---- the joiner's side --------------------------------------------------------------------------
-    async def form_group(self, round_id: str, *, deadline: float | None = None) -> Group:
-        """The group of ``round_id``, formed by ``deadline`` (default: the matchmaking limit from now)."""
+    async def form_group(self, round_id: str, *, deadline: float | None = None, steady: bool = True) -> Group:
+        """The group of ``round_id``, formed by ``deadline`` (default: the matchmaking limit from now);
+        ``steady=False`` skips the steady-state path (this peer just stepped down as its leader)."""
         me = self.node.peer_key
         start = time.monotonic()
         deadline = start + self.timing.matchmaking_s if deadline is None else deadline
@@ -419,17 +420,17 @@ class Matchmaker:
             self._rounds.pop(round_id, None)
             r = self._round(round_id)
         self._check_not_committed(round_id)
-        steady = self._steady_leader()
-        if steady is not None:
-            if steady == me:
+        steady_leader = self._steady_leader() if steady else None
+        if steady_leader is not None:
+            if steady_leader == me:
                 r.role, r.leader = Role.LEADER, me
                 # announced all the same (in the background): a member that fails this round and retries
                 # it the usual way must find this leader, not lead a second group of the round
                 r.announcing = asyncio.create_task(self._announce(round_id))
                 r.announcing.add_done_callback(lambda t: t.cancelled() or t.exception())
                 return await self._lead(round_id, r, start, deadline, read_announced=False)
-            r.role, r.leader = Role.FOLLOWER, steady
-            group = await self._ask(steady, round_id, deadline)
+            r.role, r.leader = Role.FOLLOWER, steady_leader
+            group = await self._ask(steady_leader, round_id, deadline)
             if group is not None:
                 return group
             r.role, r.leader = Role.PENDING, None  # the usual path for this round
@@ -441,7 +442,8 @@ class Matchmaker:
             announced = await self._announced(round_id, deadline)
             candidates = [p for p in announced if p not in r.announced_clients]
             if self.client_mode and not candidates:  # a client never leads: wait for a peer that can
-                self._forgive(r)  # ... or go back to one it passed over: nobody else leads
+                if time.monotonic() - start >= self.timing.matchmaking_s / 2:
+                    self._forgive(r)  # ... or go back to one it passed over: nobody else leads
                 await asyncio.sleep(0.1)
                 continue
             leader = min(candidates if self.client_mode else [me, *candidates], key=self.rank)
@@ -608,7 +610,7 @@ class Matchmaker:
                     r.changed.set()  # waiting joiners see the new role and get redirected
                     if time.monotonic() >= deadline:
                         raise RoundFailed(f"round {round_id}: no group in time")
-                    return await self.form_group(round_id, deadline=deadline)
+                    return await self.form_group(round_id, deadline=deadline, steady=False)
             size = 1 + len(r.joiners)
             # A peer killed mid-round leaves its announcement behind: waiting for it would hold every
             # retry of the round until the deadline (and lose the joiners whose own deadlines come first).
@@ -697,8 +699,7 @@ class Matchmaker:
             return {"status": JoinStatus.REDIRECT.value, "leader": r.leader}, b""
         r.joiners[remote] = device_index
         r.hashes[remote] = theirs
-        record = self.alive_peers.get(remote)
-        if header.get("client") is True or remote in r.announced_clients or (record and record.client):
+        if header.get("client") is True:  # its own (authenticated) word: announcements can be forged
             r.clients.add(remote)
         else:
             r.clients.discard(remote)
