@@ -221,7 +221,18 @@ class SwarmConfig(_Section):
         0.5, gt=0, description="how long a leader waits for announced peers before it closes the group"
     )
     matchmaking_timeout_s: float = Field(8.0, gt=0, description="give up forming a group after this long")
-    allreduce_timeout_s: float = Field(10.0, gt=0, description="give up a round's exchange after this long")
+    allreduce_timeout_s: float = Field(
+        10.0,
+        gt=0,
+        description="give up a round's exchange after this long, plus the time its bytes take at "
+        "min_bandwidth_mb_s",
+    )
+    min_bandwidth_mb_s: float = Field(
+        10.0,
+        gt=0,
+        description="the slowest link (MB/s) a round's exchange deadlines allow for: they grow by the "
+        "round's bytes over this rate, or over the rate a peer measured when that is slower",
+    )
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often a peer refreshes its alive record")
     heartbeat_ttl_s: float = Field(
         4.0, gt=0, description="an alive record older than this means the peer left"

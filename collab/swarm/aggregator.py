@@ -17,7 +17,7 @@ from collab.compression.partition import Layout
 from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
 from collab.swarm.agreement import Unconfirmed
-from collab.swarm.allreduce import ExactReducer, PeerUnreachable
+from collab.swarm.allreduce import ExactReducer, PeerUnreachable, message_size
 from collab.swarm.bans import BanEvent, Bans
 from collab.swarm.budget import ClaimBounds
 from collab.swarm.matchmaking import Group, Matchmaker
@@ -147,7 +147,9 @@ class SwarmAggregator(Aggregator):
             self.last_attempt = group.group_id  # from here on our contribution may reach the owners
             mean = self.node.run(
                 self.reducer.reduce(group, c.message, c.weight, self._layout(c.message)),
-                timeout_s=self.timing.reduce_wait_s,
+                timeout_s=self.timing.for_payload(
+                    message_size(c.message), self.reducer.link_b_s
+                ).reduce_wait_s,
             )
         except PeerUnreachable as e:
             self.matchmaker.suspect(e.peer)

@@ -142,16 +142,27 @@ class Agreement:
         coll = self._collections.get(group_id)
         if coll is None:
             coll = self._collections[group_id] = _Collection(asyncio.get_running_loop().create_future())
-            horizon = time.monotonic() - self.timing.slot_horizon_s
-            for old in [g for g, c in self._collections.items() if c.created < horizon]:
+            now = time.monotonic()
+            for old in [g for g, c in self._collections.items() if now - c.created > self._horizon_s(c)]:
                 self._collections.pop(old, None)
         return coll
+
+    def _horizon_s(self, coll: _Collection) -> float:
+        return self.timing.slot_horizon_s + (0.0 if coll.wait_s is None else 4 * coll.wait_s)
+
+    def expect(self, group_id: str, timing: Timing) -> None:
+        """This member's exchange of ``group_id`` starts, with the waits ``timing`` sized for its bytes:
+        as the round's collector, give the others' lists that long (a member on a slow link finishes
+        its exchange after the others by up to the time its bytes take)."""
+        coll = self._collection(group_id)
+        coll.wait_s = max(coll.wait_s or 0.0, timing.allreduce_s)
 
     async def _collected(self, coll: _Collection) -> dict[str, object]:
         """The collection's one outcome: all lists, or :class:`RoundFailed`. Whoever waits longer than
         ``allreduce_timeout_s`` decides the failure for everyone (an outcome is set only once)."""
         try:
-            await asyncio.wait_for(asyncio.shield(coll.outcome), self.timing.allreduce_s)
+            wait_s = coll.wait_s if coll.wait_s is not None else self.timing.allreduce_s
+            await asyncio.wait_for(asyncio.shield(coll.outcome), wait_s)
         except TimeoutError:
             missing = sorted(p[-6:] for p in (coll.expected or set()) - set(coll.lists))
             coll.decide(f"no confirmation from {', '.join(missing) or 'the collector itself'}")
@@ -182,7 +193,13 @@ class Agreement:
         return {"parts": parts, "key": self.public, "signature": signature}
 
     async def confirm(
-        self, group: Group, statements: Sequence[Statement], *, dropped: set[str], mine: str
+        self,
+        group: Group,
+        statements: Sequence[Statement],
+        *,
+        dropped: set[str],
+        mine: str,
+        timing: Timing | None = None,
     ) -> None:
         """Return when every member still in the round (not ``dropped``) holds the same ``statements``;
         raise :class:`SplitRound` (banning whoever the statements name), :class:`Unconfirmed` (the
@@ -211,7 +228,7 @@ class Agreement:
                     CONFIRM,
                     {"group_id": group.group_id},
                     json.dumps(own).encode(),
-                    timeout_s=self.timing.part_call_s,
+                    timeout_s=(timing or self.timing).part_call_s,
                 )
             except RemoteError as e:  # an honest collector fails the round for all; a lying one may not
                 raise Unconfirmed(
@@ -326,6 +343,7 @@ class _Collection:
     expected: set[str] | None = None  # the members still in the round, once the collector knows them
     peers: set[str] = field(default_factory=set)  # the group's members, dropped ones included
     created: float = field(default_factory=time.monotonic)
+    wait_s: float | None = None  # how long a list may keep the others waiting (sized for the round's bytes)
 
     def check_complete(self) -> None:
         if self.expected is not None and self.expected <= set(self.lists):

@@ -53,7 +53,14 @@ from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportErro
 logger = logging.getLogger(__name__)
 
 PART = "collab.part"
+MAX_OWNERS = 100_000  # a header's group size beyond this is nonsense
+MEASURED_ROUND_BYTES = 1 << 20  # rounds of smaller messages are set by latency: not measured
 UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer has not formed (yet)
+
+
+def message_size(message: CompressedMessage) -> int:
+    """About the bytes ``message`` takes on the wire (what a round's waits are sized by)."""
+    return message.bits // 8
 
 
 class PeerUnreachable(RoundFailed):
@@ -107,6 +114,7 @@ class _Slot:
     result: asyncio.Future[tuple[bytes, dict[int, str]]] | None = None
     statement: Statement | None = None  # this owner's signed word on the result (the same for everyone)
     created: float = field(default_factory=time.monotonic)
+    timing: Timing | None = None  # the waits for this round's payload (set by the first call that knows it)
 
 
 class ExactReducer:
@@ -135,6 +143,7 @@ class ExactReducer:
         self._slots: dict[tuple[str, int], _Slot] = {}
         self.last_excluded: dict[str, str] = {}  # peer -> reason, for the latest completed round
         self.last_share = 0.0  # this member's weight / the samples behind its own part, latest round
+        self.link_b_s: float | None = None  # this peer's measured exchange rate (bytes/s), once known
         node.serve(PART, self._handle_part, on_refused=self._on_refused)
 
     def _slot(self, group_id: str, j: int) -> _Slot:
@@ -143,10 +152,24 @@ class ExactReducer:
         if slot is None:
             slot = self._slots[key] = _Slot()
             slot.result = asyncio.get_running_loop().create_future()
-            horizon = time.monotonic() - self.timing.slot_horizon_s
-            for old in [k for k, s in self._slots.items() if s.created < horizon]:
+            now = time.monotonic()
+            for old in [k for k, s in self._slots.items() if s.created < now - self._times(s).slot_horizon_s]:
                 self._slots.pop(old, None)
         return slot
+
+    def _times(self, slot: _Slot, message_bytes: int | None = None) -> Timing:
+        """The waits of ``slot``'s round, sized for ``message_bytes`` per member once known."""
+        if slot.timing is None and message_bytes is not None:
+            slot.timing = self.timing.for_payload(message_bytes, self.link_b_s)
+        return slot.timing or self.timing
+
+    def _measure(self, message_bytes: int, moved: int, elapsed_s: float) -> None:
+        """Keep this peer's link rate (bytes moved per second of exchange, a running mean) from rounds
+        large enough for bytes, not latency, to set their time."""
+        if message_bytes < MEASURED_ROUND_BYTES or moved <= 0 or elapsed_s <= 0:
+            return
+        rate = moved / elapsed_s
+        self.link_b_s = rate if self.link_b_s is None else (self.link_b_s + rate) / 2
 
     def _unknown_bytes(self) -> int:
         return sum(len(p) for s in self._slots.values() if s.group is None for _, p in s.received.values())
@@ -177,7 +200,9 @@ class ExactReducer:
         elif (old[0].get("weight"), old[1]) != (header.get("weight"), payload):
             slot.conflicts[(sender, remote)] = "sent two different parts"
         self._maybe_finish(slot)
-        result, excluded = await self._await_result(slot)
+        n = header.get("n")
+        size = len(payload) * n if isinstance(n, int) and 0 < n <= MAX_OWNERS else len(payload)
+        result, excluded = await self._await_result(slot, size)
         if sender in excluded:
             raise ValueError(f"contribution rejected: {excluded[sender]}")
         dropped = {str(i): r for i, r in excluded.items()}
@@ -271,10 +296,11 @@ class ExactReducer:
         mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
         slot.result.set_result((mean.to_bytes(), excluded))
 
-    async def _await_result(self, slot: _Slot) -> tuple[bytes, dict[int, str]]:
+    async def _await_result(self, slot: _Slot, message_bytes: int) -> tuple[bytes, dict[int, str]]:
         assert slot.result is not None
         try:
-            return await asyncio.wait_for(asyncio.shield(slot.result), self.timing.allreduce_s)
+            wait_s = self._times(slot, message_bytes).allreduce_s
+            return await asyncio.wait_for(asyncio.shield(slot.result), wait_s)
         except TimeoutError:
             if slot.result.done() and slot.result.exception() is None:  # completed as the wait ran out
                 return slot.result.result()
@@ -319,9 +345,25 @@ class ExactReducer:
         """This member's side of the round: returns the group's weighted average (identical everywhere).
 
         ``layout`` must be the same on every member (default: the message's own shape). The group's
-        clients own no part: they send theirs to the owners and get the average back like everyone.
+        clients own no part: they send theirs to the owners and get the average back like everyone. Its
+        waits grow with the message's size (:meth:`Timing.for_payload`), at the slower of the configured
+        link and the rate this peer measured in earlier large rounds.
         """
+        start, moved0 = time.monotonic(), self.node.bytes_sent + self.node.bytes_received
+        try:
+            return await self._reduce(group, message, weight, layout)
+        finally:
+            moved = self.node.bytes_sent + self.node.bytes_received - moved0
+            self._measure(message_size(message), moved, time.monotonic() - start)
+
+    async def _reduce(
+        self, group: Group, message: CompressedMessage, weight: float, layout: Layout | str | None
+    ) -> CompressedMessage:
         me_key = self.node.peer_key
+        size = message_size(message)
+        times = self.timing.for_payload(size, self.link_b_s)
+        if times is not self.timing:
+            self.agreement.expect(group.group_id, times)
         if me_key not in group.peers:
             raise RoundFailed(f"round {group.round_id}: the leader's member list leaves this peer out")
         owners = group.owners
@@ -359,7 +401,7 @@ class ExactReducer:
         async def fetch(j: int) -> tuple[bytes, dict[str, str], Statement]:
             if j == mine:
                 assert own is not None
-                result, dropped_here = await self._await_result(own)
+                result, dropped_here = await self._await_result(own, size)
                 return result, {str(i): r for i, r in dropped_here.items()}, self._statement(own, j, result)
             peer = owners[j]
             try:
@@ -369,7 +411,7 @@ class ExactReducer:
                     {**header, "part": j},
                     parts[j].to_bytes(),
                     # the owner waits up to allreduce_timeout_s once our part is in: allow for the upload
-                    timeout_s=self.timing.part_call_s,
+                    timeout_s=times.part_call_s,
                 )
             except RemoteError as e:  # the owner answered: it is alive, the round failed elsewhere
                 raise RoundFailed(f"part {j}: {e}") from None
@@ -411,7 +453,7 @@ class ExactReducer:
         }
         # every member still in the round assembled these same parts, or nobody commits
         statements = [s for _, _, s in answers]
-        await self.agreement.confirm(group, statements, dropped=set(excluded_now), mine=me_key)
+        await self.agreement.confirm(group, statements, dropped=set(excluded_now), mine=me_key, timing=times)
         # a client owns no part: the samples behind part 0 (every part averages the same members)
         total = own.total_weight if own is not None else samples.get(0, 0.0)
         self.last_share = min(1.0, weight / total) if total > 0 else 0.0

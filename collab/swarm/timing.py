@@ -8,13 +8,16 @@ here, so that changing one setting moves every wait that depends on it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from collab.config import SwarmConfig
 
 LOOP_MARGIN_S = 5.0  # a thread waiting on the event loop allows this much beyond the call's own limit
 UPLOAD_MARGIN_S = 2.0  # a part call allows this for the upload on top of the owner's wait
 DHT_S = 10.0  # one DHT read or write
+# A member moves about 4x its message in a round: its parts out and the aggregate in, and as an owner the
+# others' parts in and its part of the aggregate out.
+EXCHANGE_TRAFFIC = 4.0
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,29 @@ class Timing:
     progress_ttl_s: float  # a progress record's life in the DHT
     bans_republish_s: float  # a peer's ban report is stored again this often while it holds bans
     stall_s: float  # a whole run (demo) without a new step for this long has stalled
+    bandwidth_b_s: float  # the slowest link (bytes/s) the exchange's waits allow for
+
+    def transfer_s(self, message_bytes: int, measured_b_s: float | None = None) -> float:
+        """How long a round's traffic takes when one member's message is ``message_bytes`` long, at the
+        configured slowest link or at ``measured_b_s`` (this peer's measured rate) when that is slower."""
+        rate = self.bandwidth_b_s if measured_b_s is None else min(self.bandwidth_b_s, measured_b_s)
+        return EXCHANGE_TRAFFIC * max(0, message_bytes) / max(rate, 1.0)
+
+    def for_payload(self, message_bytes: int, measured_b_s: float | None = None) -> Timing:
+        """The exchange's waits for a round of ``message_bytes`` per member: each grows by
+        :meth:`transfer_s`, so a dense refresh round of a large model gets the time its bytes need (a
+        retry of a round that failed on time alone would fail the same way: MASHA's refresh coin is
+        the same on every retry)."""
+        extra = self.transfer_s(message_bytes, measured_b_s)
+        if extra <= 0:
+            return self
+        return replace(
+            self,
+            allreduce_s=self.allreduce_s + extra,
+            part_call_s=self.part_call_s + extra,
+            reduce_wait_s=self.reduce_wait_s + extra,
+            slot_horizon_s=self.slot_horizon_s + 4 * extra,
+        )
 
     @classmethod
     def of(cls, sw: SwarmConfig) -> Timing:
@@ -84,4 +110,5 @@ class Timing:
             progress_ttl_s=max(30.0, 10 * sw.heartbeat_ttl_s),
             bans_republish_s=sw.heartbeat_ttl_s,
             stall_s=10 * exchange,
+            bandwidth_b_s=sw.min_bandwidth_mb_s * 1e6,
         )

@@ -392,3 +392,22 @@ def test_alive_records_name_their_bans_and_order_leaders() -> None:
     order = leader_order(view)
     assert sorted(["d", "c", "b", "a"], key=order) == ["c", "d", "a", "b"]
     assert order("unknown") == (0, "unknown")
+
+
+def test_exchange_waits_grow_with_the_payload_at_the_slower_link() -> None:
+    from collab.config import SwarmConfig
+    from collab.swarm.timing import EXCHANGE_TRAFFIC, Timing
+
+    t = Timing.of(SwarmConfig(allreduce_timeout_s=6.0, min_bandwidth_mb_s=10.0))
+    assert t.for_payload(0) == t  # small rounds keep the configured limits
+    big = t.for_payload(100_000_000)  # 100 MB per member at 10 MB/s
+    extra = EXCHANGE_TRAFFIC * 10.0
+    assert big.allreduce_s == pytest.approx(t.allreduce_s + extra)
+    assert big.part_call_s == pytest.approx(t.part_call_s + extra)
+    assert big.reduce_wait_s == pytest.approx(t.reduce_wait_s + extra)
+    assert big.matchmaking_s == t.matchmaking_s  # forming a group does not move bytes
+    # a measured link slower than the configured one stretches the waits; a faster one never shortens them
+    assert t.for_payload(100_000_000, measured_b_s=5e6).allreduce_s == pytest.approx(
+        t.allreduce_s + 2 * extra
+    )
+    assert t.for_payload(100_000_000, measured_b_s=1e9) == big
