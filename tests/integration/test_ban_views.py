@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar
 
 import pytest
 
@@ -15,6 +17,8 @@ from collab.methods.base import RoundFailed
 from collab.swarm.matchmaking import Group, LeftBehind, Matchmaker
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.transport import SwarmNode
+
+T = TypeVar("T")
 
 
 @pytest.mark.timeout(120)
@@ -108,18 +112,7 @@ def test_a_peer_unaware_of_a_ban_stops_following_the_banned_leader(unaware: str)
                 await asyncio.sleep(0.05)
             return out, tries
 
-        async def gather() -> list[tuple[object, int]]:
-            futures = [
-                asyncio.wrap_future(asyncio.run_coroutine_threadsafe(until_grouped(n), n._loop))
-                for n in (a, b, c)
-            ]
-            hostile_side = asyncio.run_coroutine_threadsafe(until_grouped(hostile), hostile._loop)
-            try:
-                return await asyncio.gather(*futures)
-            finally:
-                hostile_side.cancel()
-
-        outcome = first.run(gather(), timeout_s=budget_s + 30)
+        outcome = _beside_hostile(first, [a, b, c], hostile, until_grouped, timeout_s=budget_s + 30)
         groups = [g for g, _ in outcome]
         assert all(isinstance(g, Group) for g in groups), outcome
         honest = sorted(n.peer_key for n in (a, b, c))
@@ -165,18 +158,7 @@ def test_published_bans_keep_an_unaware_peer_off_the_banned_leader() -> None:
                 out = e
             return out, time.monotonic() - start
 
-        async def gather() -> list[tuple[object, float]]:
-            futures = [
-                asyncio.wrap_future(asyncio.run_coroutine_threadsafe(timed(n), n._loop))
-                for n in (a, b, unaware)
-            ]
-            hostile_side = asyncio.run_coroutine_threadsafe(timed(hostile), hostile._loop)
-            try:
-                return await asyncio.gather(*futures)
-            finally:
-                hostile_side.cancel()
-
-        outcome = first.run(gather(), timeout_s=60)
+        outcome = _beside_hostile(first, [a, b, unaware], hostile, timed, timeout_s=60)
         groups = [g for g, _ in outcome]
         assert all(isinstance(g, Group) for g in groups), outcome
         assert groups[0].peers == sorted([a.peer_key, b.peer_key, unaware.peer_key]), groups[0]  # type: ignore[union-attr]
@@ -185,3 +167,25 @@ def test_published_bans_keep_an_unaware_peer_off_the_banned_leader() -> None:
     finally:
         for n in reversed(nodes):
             n.shutdown()
+
+
+def _beside_hostile(
+    first: SwarmNode,
+    honest: list[SwarmNode],
+    hostile: SwarmNode,
+    side: Callable[[SwarmNode], Coroutine[Any, Any, T]],
+    *,
+    timeout_s: float,
+) -> list[T]:
+    """Run ``side`` on every honest node and on the hostile one, each on its own loop; the honest
+    outcomes, once all are in (the hostile side is then cancelled)."""
+
+    async def gather() -> list[T]:
+        futures = [asyncio.wrap_future(asyncio.run_coroutine_threadsafe(side(n), n._loop)) for n in honest]
+        hostile_side = asyncio.run_coroutine_threadsafe(side(hostile), hostile._loop)
+        try:
+            return list(await asyncio.gather(*futures))
+        finally:
+            hostile_side.cancel()
+
+    return first.run(gather(), timeout_s=timeout_s)
