@@ -11,7 +11,12 @@ package (and torch) first.
 from __future__ import annotations
 
 import importlib
+import warnings
 from typing import Any
+
+# hivemind's MoE layers call torch.jit.script at import, which torch >= 2.14 deprecates with a
+# FutureWarning: every command would print it (and a one-line error would come after two lines of it).
+warnings.filterwarnings("ignore", message=r"`torch\.jit\.script` is deprecated", category=FutureWarning)
 
 _EXPORTS = {
     "SwarmAggregator": "collab.swarm.aggregator",
