@@ -1,8 +1,8 @@
 """A volunteer that dies in the middle of a round: a real ``collab join`` that, in round ``ROUND`` (e.g.
-``12.delta``), sends its parts and then SIGKILLs its whole process group - itself, its DHT and p2pd - before
-the results come back; from the moment that round begins it never answers a part call again (as a machine
-that went down). Everything else is the unmodified peer. Only tests start this (torchft-style
-``fail_at(peer, step)``).
+``12.delta``; ``first.delta``: the first round of that phase it takes part in), sends its parts and then
+SIGKILLs its whole process group - itself, its DHT and p2pd - before the results come back; from the moment
+that round begins it never answers a part call again (as a machine that went down). Everything else is the
+unmodified peer. Only tests start this (torchft-style ``fail_at(peer, step)``).
 
 ``python -m tests.integration.dying_peer ROUND JOIN-ARGS...``
 """
@@ -28,13 +28,20 @@ def main(argv: Sequence[str]) -> int:
     honest_handle = allreduce.ExactReducer._handle_part
     dying = asyncio.Event()
 
+    first = fail_round.startswith("first.")
+
+    def fatal(round_id: object) -> bool:
+        if first:
+            return isinstance(round_id, str) and round_id.endswith(fail_round.removeprefix("first"))
+        return round_id == fail_round
+
     async def handle_part(self: allreduce.ExactReducer, header: Any, payload: bytes, remote: str) -> Any:
-        if header.get("round") == fail_round or dying.is_set():
+        if dying.is_set() or (not first and fatal(header.get("round"))):
             await asyncio.sleep(3600)  # about to die: never answer
         return await honest_handle(self, header, payload, remote)
 
     async def reduce(self: allreduce.ExactReducer, group: Any, *args: Any, **kwargs: Any) -> Any:
-        if group.round_id != fail_round:
+        if not fatal(group.round_id):
             return await honest_reduce(self, group, *args, **kwargs)
         dying.set()
         task = asyncio.ensure_future(honest_reduce(self, group, *args, **kwargs))

@@ -168,6 +168,14 @@ class Swarm:
         )
         return json.loads(out.strip().splitlines()[-1])
 
+    def stop(self, peers: Sequence[Peer], timeout_s: float) -> list[dict[str, Any]]:
+        """SIGTERM every one of ``peers`` at once (each leaves after its current round, exit 0), then
+        their summaries. For runs the test ends once it has seen what it checks, not at ``max_steps``."""
+        for peer in peers:
+            if peer.proc.poll() is None:
+                peer.proc.send_signal(signal.SIGTERM)
+        return [self.finish(peer, timeout_s) for peer in peers]
+
 
 @pytest.fixture
 def swarm(tmp_path: Path) -> Iterator[Swarm]:
