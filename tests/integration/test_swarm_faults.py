@@ -131,6 +131,7 @@ def test_kill_mid_round_and_late_joiner(swarm: Swarm) -> None:
     metric = {r["step"]: r["metric"] for r in survivors[0].records() if "event" not in r}
     start, final = metric[min(metric)], metric[last]
     print(
-        f"\nfaults: victim died in {k}.delta, newcomer from step {first}, stopped at {last}: {final:.3f}, fault-free {sim[last]:.3f}"
+        f"\nfaults: victim died in {k}.delta, newcomer from step {first}, stopped at {last}: "
+        f"{final:.3f}, fault-free {sim[last]:.3f}"
     )
     assert final <= 0.5 * start, f"relative distance {start} at step {min(metric)}, still {final} at {last}"
