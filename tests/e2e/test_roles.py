@@ -10,6 +10,7 @@ import sys
 import time
 import urllib.request
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -43,8 +44,9 @@ def _last_step(log: Path) -> int:
 
 @pytest.mark.timeout(300)
 def test_coordinator_volunteers_kill_and_late_join(roles: Roles, tmp_path: Path) -> None:
-    steps = 400
-    cfg = _config(tmp_path, max_steps=steps, num_devices=3)
+    # the run is as long as the test needs: it ends (SIGTERM, as a volunteer's Ctrl-C) once the late
+    # volunteer has trained with the others until the run converged again
+    cfg = _config(tmp_path, max_steps=100_000, num_devices=3)
     coord = roles.start("coordinator", "--config", str(cfg), "--port", "0", name="coordinator")
     url = roles.read_line(coord, "config server: ")
     join_cmd = roles.read_line(coord, "volunteers join with: ")
@@ -60,19 +62,34 @@ def test_coordinator_volunteers_kill_and_late_join(roles: Roles, tmp_path: Path)
             "join", "--coordinator", url, *args, "--checkpoint", str(tmp_path / f"v{i}.state"), name=f"v{i}"
         )
 
+    def records(i: int) -> list[dict[str, Any]]:
+        return [json.loads(x) for x in logs[i].read_text().splitlines()] if logs[i].exists() else []
+
+    def converged_with_late() -> bool:
+        # 1e-3 is ~60 steps of all three shards; the steps in a group of two before pull it away
+        trained = [r for r in records(3) if "event" not in r]
+        return len(trained) >= 10 and trained[-1]["metric"] < 1e-3
+
     vols = [volunteer(i, i) for i in range(3)]
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline and min(_last_step(log) for log in logs[:3]) < 20:
         time.sleep(0.2)
     roles.kill(vols[2])  # a volunteer's machine goes away
     late = volunteer(3, 2)  # another one joins mid-run and takes over the lost shard
-    summaries = [roles.summary(p, 240, f"v{i}") for i, p in [(0, vols[0]), (1, vols[1]), (3, late)]]
-    assert {s["step"] for s in summaries} == {steps}
-    assert len({s["hash"] for s in summaries}) == 1, "all volunteers still in the run end identical"
-    assert summaries[2]["metric"] < 1e-3
-    late_log = [json.loads(line) for line in logs[3].read_text().splitlines()]
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline and not converged_with_late():
+        assert late.poll() is None, (tmp_path / "v3.err").read_text()[-2000:]
+        time.sleep(0.2)
+    assert converged_with_late(), [r for r in records(3) if "event" not in r][-1:]
+    staying = [(0, vols[0]), (1, vols[1]), (3, late)]
+    for _, p in staying:
+        p.send_signal(signal.SIGTERM)
+    summaries = [roles.summary(p, 60, f"v{i}") for i, p in staying]
+    logged = {r["step"]: r["hash"] for i, _ in staying for r in records(i) if "event" not in r}
+    assert all(s["hash"] == logged[s["step"]] for s in summaries), "the volunteers still in the run agree"
+    late_log = records(3)
     assert any(r.get("event") == "sync" for r in late_log), "the late volunteer downloads the state"
-    for i in (0, 1):
+    for i in (0, 1, 3):
         assert (tmp_path / f"v{i}.state").stat().st_size > 0, "checkpoint written on exit"
     roles.kill(coord, signal.SIGTERM)
     assert coord.returncode == 0, (tmp_path / "coordinator.err").read_text()[-2000:]
