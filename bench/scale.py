@@ -10,6 +10,7 @@ Cases, one after the other, each in fresh peer processes (spawned; one DHT and p
 * ``collab state sync``   - a late joiner downloads a 3-tensor state (``z``, ``w``, ``fw``: ``numel`` fp32
   values each, the shape of a MASHA state) from a peer that serves it in chunks, checked as they arrive.
 
+Each case runs twice: timed, then with memory sampling (which slows large processes; see PeakMemory).
 Per case: the slowest peer's time (from a common barrier to its return; rounds include matchmaking),
 the loopback interface's transmitted bytes per peer, and each peer's peak memory: the proportional set
 size (PSS, so shared pages count once) of the peer's whole process tree - the Python process, its DHT
@@ -64,14 +65,19 @@ def _pss_bytes(pids: list[int]) -> int:
 
 
 class PeakMemory:
-    """The peak PSS of this process's tree, sampled in a thread until ``stop()``."""
+    """The peak PSS of this process's tree, sampled in a thread until ``stop()``.
 
-    def __init__(self, interval_s: float = 0.05) -> None:
+    Reading a large process's PSS costs the kernel a walk over its page tables: sampling every 50 ms
+    slowed a 100M-value case by half on 2 cores, so timed runs do not sample (``enabled=False``: the
+    peak reads 0) and memory comes from a second, sampled run of the same case."""
+
+    def __init__(self, interval_s: float = 0.05, *, enabled: bool = True) -> None:
         self.peak, self.interval_s = 0, interval_s
         self._stop = threading.Event()
         self._pids = _tree(os.getpid())
         self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
+        if enabled:
+            self._thread.start()
 
     def _run(self) -> None:
         rounds = 0
@@ -89,7 +95,8 @@ class PeakMemory:
 
     def stop(self) -> int:
         self._stop.set()
-        self._thread.join()
+        if self._thread.is_alive():
+            self._thread.join()
         return self.peak
 
 
@@ -99,7 +106,7 @@ def _round_worker(
     import torch
 
     mp.set_start_method("fork", force=True)  # hivemind's averager and DHT run as forked children
-    memory = PeakMemory()
+    memory = PeakMemory(enabled=args.sample)
     if case == "hivemind":
         import hivemind
 
@@ -163,7 +170,7 @@ def _sync_worker(case: str, index: int, maddr: str, args: argparse.Namespace, ba
     from collab.swarm.state_sync import Partial, StateRejected, StateServer, StateSource, download_state
     from collab.swarm.timing import Timing
 
-    memory = PeakMemory()
+    memory = PeakMemory(enabled=args.sample)
     node = SwarmNode(initial_peers=[maddr])
     state_bytes = 3 * 4 * args.numel
     joiner = index == args.peers - 1
@@ -172,6 +179,7 @@ def _sync_worker(case: str, index: int, maddr: str, args: argparse.Namespace, ba
         g = torch.Generator().manual_seed(0)
         tensors = [torch.randn(args.numel, generator=g) for _ in range(3)]
         state = MethodState(step=1, z=tensors[0], w=tensors[1], fw=tensors[2])
+        state.hash()  # a volunteer hashes each state once, when its group commits it (for its records)
         StateServer(
             node, state=lambda: state, method="masha2", config_version="bench", chunk_bytes=CHUNK_BYTES
         )
@@ -185,11 +193,22 @@ def _sync_worker(case: str, index: int, maddr: str, args: argparse.Namespace, ba
     timing = Timing.of(SwarmConfig(state_sync_timeout_s=600))
     source = StateSource(config_version="bench", method="masha2", timing=timing)
     partial, got, breaks = Partial(), None, []
+    marks: dict[str, float] = {}
+
+    def progress(held: int, total: int) -> None:  # when the manifest came, when the last chunk did
+        marks.setdefault("manifest", time.perf_counter())
+        if held == total:
+            marks["chunks"] = time.perf_counter()
+
     t0 = time.perf_counter()
     for attempt in range(SYNC_TRIES):  # as a volunteer does: keep the chunks, go on from the next source
         try:
             got = download_state(
-                node, args.source_keys[attempt % len(args.source_keys)], source, partial=partial
+                node,
+                args.source_keys[attempt % len(args.source_keys)],
+                source,
+                partial=partial,
+                progress=progress,
             )
             break
         except StateRejected as e:
@@ -197,6 +216,13 @@ def _sync_worker(case: str, index: int, maddr: str, args: argparse.Namespace, ba
     elapsed = time.perf_counter() - t0
     for line in breaks:
         print(f"state sync: {line}", flush=True)
+    if marks:
+        print(
+            f"state sync: manifest after {marks['manifest'] - t0:.2f} s, chunks "
+            f"{marks.get('chunks', 0) - marks['manifest']:.2f} s, checked and adopted after "
+            f"{elapsed:.2f} s",
+            flush=True,
+        )
     if got is None:
         raise RuntimeError(f"no state after {SYNC_TRIES} tries")
     ok = got.state.step == 1 and got.state.z.numel() == args.numel
@@ -268,8 +294,10 @@ def main() -> None:
     }
     names = {k: v for k, v in names.items() if k in args.cases.split(",")}
     rows = {}
-    for case in names:
-        rows[case] = run_case(case, args)
+    for case in names:  # timed without memory sampling, then sampled for memory (see PeakMemory)
+        timed = run_case(case, argparse.Namespace(**vars(args), sample=False))
+        sampled = run_case(case, argparse.Namespace(**vars(args), sample=True))
+        rows[case] = {**sampled, "time_s": timed["time_s"], "sampled_time_s": sampled["time_s"]}
         print(f"done: {names[case]} {rows[case]}", flush=True)
     base = rows.get("hivemind")
     print(f"\n{args.peers} peers, {args.numel:,} fp32 values, loopback")
@@ -286,8 +314,9 @@ def main() -> None:
             f"{r['growth_bytes'] / r['data_bytes']:>13.2f}{rate:>8}"
         )
     print(
-        "peak: the largest peer's PSS over its process tree; growth: the most a peer's tree grew over its "
-        "size before it allocated the data (the vector of a round, the state of a sync)"
+        "time: a run without memory sampling; peak: the largest peer's PSS over its process tree, from a "
+        "second run of the case sampled every 50 ms; growth: the most a peer's tree grew over its size "
+        "before it allocated the data (the vector of a round, the state of a sync)"
     )
 
 

@@ -28,21 +28,34 @@ two keys (two tokens of an invite-only run, or two identities of an open one) is
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import hashlib
 import math
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from collab.methods.base import MethodState
+import torch
+
+from collab.methods.base import MethodState, StreamHash
 from collab.swarm.records import AliveRecord, progress_key
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, SwarmNode, TransportError
+from collab.swarm.transport import Header, Payload, SwarmNode, TransportError
 
 STATE = "collab.state"
 MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempts at one step)
 MAX_CHUNKS = 1024  # chunk digests one manifest lists (about 34 KB of header): bigger states get bigger chunks
 KEPT_SNAPSHOTS = 2  # serialized states a server keeps for downloads in progress
+CHUNKS_IN_FLIGHT = 4  # chunk calls a download keeps open at once (checking one while the next arrive)
+# one thread (shared, FIFO: every state's pieces are hashed in order) hashes downloaded chunks into the
+# state's hash while the caller checks the next chunk's digest (sha256 releases the GIL)
+HASHER = concurrent.futures.ThreadPoolExecutor(max_workers=1, thread_name_prefix="collab-state-hash")
+# a server digests a new snapshot's chunks on every core: its first answer waits for all of them
+DIGESTERS = concurrent.futures.ThreadPoolExecutor(
+    max_workers=max(1, min(8, os.cpu_count() or 1)), thread_name_prefix="collab-chunk-digest"
+)
 
 
 class StateRejected(RuntimeError):
@@ -89,12 +102,13 @@ class Snapshot:
 
     step: int
     hash: str
-    blob: bytes | bytearray
+    blob: bytes | bytearray | memoryview
     chunk_bytes: int
     digests: list[str]
 
-    def chunk(self, i: int) -> bytes:
-        return bytes(self.blob[i * self.chunk_bytes : (i + 1) * self.chunk_bytes])
+    def chunk(self, i: int) -> memoryview:
+        """Chunk ``i``'s bytes, in place (the blob never changes while kept)."""
+        return memoryview(self.blob)[i * self.chunk_bytes : (i + 1) * self.chunk_bytes]
 
     def manifest(self) -> dict[str, object]:
         """The manifest's fields (the server adds run and method); the first chunk goes with it."""
@@ -119,17 +133,19 @@ class Snapshots:
         digest = state.hash()
         snap = self._kept.pop(digest, None)
         if snap is None:
-            blob = state.to_bytes()
+            blob = state.to_view()
             size = max(self.chunk_bytes, math.ceil(len(blob) / MAX_CHUNKS))
-            view = memoryview(blob)  # hashed in place, not sliced into copies
-            digests = [chunk_digest(view[i : i + size]) for i in range(0, len(blob), size)]
+            view = memoryview(blob)  # hashed in place, not sliced into copies, on every core
+            digests = list(
+                DIGESTERS.map(chunk_digest, [view[i : i + size] for i in range(0, len(blob), size)])
+            )
             snap = Snapshot(state.step, digest, blob, size, digests)
         self._kept[digest] = snap  # newest last
         while len(self._kept) > KEPT_SNAPSHOTS:
             self._kept.pop(next(iter(self._kept)))
         return snap
 
-    def chunk(self, header: Mapping[str, object]) -> tuple[dict[str, object], bytes]:
+    def chunk(self, header: Mapping[str, object]) -> tuple[dict[str, object], memoryview]:
         """The answer to a chunk call (``hash``, ``chunk``): the chunk's bytes, or an error when this
         server no longer holds that state (the requester starts over from a manifest)."""
         digest, i = header.get("hash"), header.get("chunk")
@@ -162,7 +178,7 @@ class StateServer:
         self.snapshots = Snapshots(chunk_bytes)
         node.serve(STATE, self._handle)
 
-    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, Payload]:
         if self.banned(remote):
             raise PermissionError("banned from this run")
         if "chunk" in header:
@@ -189,12 +205,21 @@ class Partial:
     size: int = 0
     chunk_bytes: int = 0
     digests: tuple[str, ...] = ()
-    data: bytearray = field(default_factory=bytearray)
+    held: int = 0  # bytes held (the first chunks, checked)
+    # the state's ``size`` bytes, allocated at the first chunk without zeroing: chunks are copied in once
+    _buffer: memoryview | None = field(default=None, repr=False)
+    streamed: StreamHash = field(default_factory=StreamHash)  # the state's hash, as the chunks came
+    _hashing: concurrent.futures.Future[None] | None = None  # the latest chunk handed to HASHER
 
     @property
     def received(self) -> int:
         """Chunks held (every chunk but the last is whole)."""
-        return math.ceil(len(self.data) / self.chunk_bytes) if self.chunk_bytes else 0
+        return math.ceil(self.held / self.chunk_bytes) if self.chunk_bytes else 0
+
+    @property
+    def data(self) -> memoryview:
+        """The bytes held (writable: a complete state's tensors are read from them in place)."""
+        return self._buffer[: self.held] if self._buffer is not None else memoryview(bytearray())
 
     def start(self, digest: str, size: int, chunk_bytes: int, digests: Sequence[str]) -> bool:
         """Resume when the manifest names the state held in part (``True``), else start over."""
@@ -206,18 +231,34 @@ class Partial:
         )
         if not same:
             self.hash, self.size, self.chunk_bytes, self.digests = digest, size, chunk_bytes, tuple(digests)
-            self.data = bytearray()
-        return same and bool(self.data)
+            self.held, self._buffer, self.streamed = 0, None, StreamHash()
+        return same and self.held > 0
 
-    def add(self, i: int, blob: bytes) -> None:
-        """Append chunk ``i``, checked against its digest; raises :class:`StateRejected`."""
+    def add(self, i: int, blob: bytes, digest: str | None = None) -> None:
+        """Append chunk ``i``, checked against its digest (``digest``: ``chunk_digest(blob)``, when the
+        caller computed it already); raises :class:`StateRejected`."""
         expected = min(self.chunk_bytes, self.size - i * self.chunk_bytes)
-        if len(blob) != expected or chunk_digest(blob) != self.digests[i]:
+        if len(blob) != expected or (digest or chunk_digest(blob)) != self.digests[i]:
             raise StateRejected(f"chunk {i + 1} of {len(self.digests)} does not match its digest")
-        self.data += blob
+        if self._buffer is None:
+            try:
+                self._buffer = torch.empty(self.size, dtype=torch.uint8).numpy().data
+            except RuntimeError:  # more than this machine can hold
+                raise StateRejected(f"no memory for a state of {self.size} bytes") from None
+        self._buffer[self.held : self.held + len(blob)] = blob
+        self.held += len(blob)
+        self._hashing = HASHER.submit(self.streamed.update, blob)
+
+    def hashed(self) -> StreamHash:
+        """The state's hash over the chunks held, once the hashing thread has caught up."""
+        if self._hashing is not None:
+            self._hashing.result()
+        return self.streamed
 
     def clear(self) -> None:
-        self.hash, self.size, self.chunk_bytes, self.digests, self.data = "", 0, 0, (), bytearray()
+        self.hash, self.size, self.chunk_bytes, self.digests = "", 0, 0, ()
+        self.held, self._buffer = 0, None
+        self.streamed = StreamHash()
 
 
 def _manifest(header: Mapping[str, object], max_chunk: int) -> tuple[str, int, int, list[str]]:
@@ -267,7 +308,7 @@ def download_state(
         )
 
     request: dict[str, object] = {"rounds": list(rounds[-MAX_ASKED_ROUNDS:])} if rounds else {}
-    if partial.data:
+    if partial.held:
         request["resume"] = partial.hash
     try:
         header, first = call(request)
@@ -281,18 +322,37 @@ def download_state(
     if not partial.start(digest, size, chunk_bytes, digests) and first:
         partial.add(0, first)
     n = len(digests)
-    for i in range(partial.received, n):
-        if progress is not None:
-            progress(i, n)
-        try:
-            _, blob = call({"hash": digest, "chunk": i})
-        except (TransportError, TimeoutError) as e:
-            raise StateRejected(f"download broke off at chunk {i + 1} of {n}: {e}") from None
-        partial.add(i, blob)
+    # up to CHUNKS_IN_FLIGHT chunk calls at once: each chunk is checked (and hashed into the state's
+    # hash) here while the next ones are on their way
+    calls: dict[int, concurrent.futures.Future[tuple[bytes, str]]] = {}
+
+    async def fetch(i: int) -> tuple[bytes, str]:
+        """Chunk ``i`` and its digest (computed on a DIGESTERS thread, as the chunk arrives)."""
+        _, blob = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=timing.state_call_s)
+        return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob)
+
+    def ask(i: int) -> None:
+        if i < n and i not in calls:
+            calls[i] = node.submit(fetch(i))
+
+    try:
+        for i in range(partial.received, n):
+            for ahead in range(i, i + CHUNKS_IN_FLIGHT):
+                ask(ahead)
+            if progress is not None:
+                progress(i, n)
+            try:
+                blob, blob_digest = calls.pop(i).result(timing.state_wait_s)
+            except (TransportError, TimeoutError) as e:
+                raise StateRejected(f"download broke off at chunk {i + 1} of {n}: {e}") from None
+            partial.add(i, blob, blob_digest)
+    finally:
+        for pending in calls.values():
+            pending.cancel()
     if progress is not None:
         progress(n, n)
     try:
-        state = MethodState.from_bytes(partial.data)
+        state = MethodState.from_bytes(partial.data, streamed=partial.hashed())
     except ValueError as e:
         partial.clear()
         raise StateRejected(f"download failed: {e}") from None

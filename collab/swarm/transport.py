@@ -14,6 +14,7 @@ runs in the DHT's own process, is not included).
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import json
 import logging
@@ -33,7 +34,8 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 Header = dict[str, Any]
-Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, bytes]]]
+Payload = bytes | bytearray | memoryview  # what a frame carries (sent as is: no copy to frame it)
+Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, Payload]]]
 
 MAX_HEADER_BYTES = 64 * 1024
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
@@ -90,9 +92,19 @@ async def _discard(reader: asyncio.StreamReader, size: int) -> None:
         size -= len(chunk)
 
 
-def _encode_frame(header: Header, payload: bytes) -> bytes:
+def _frame_head(header: Header, payload_len: int) -> bytes:
+    """A frame's bytes before its payload (the payload is written after it, as it is)."""
     head = json.dumps(header, separators=(",", ":")).encode()
-    return len(head).to_bytes(4, "little") + head + len(payload).to_bytes(8, "little") + payload
+    return len(head).to_bytes(4, "little") + head + payload_len.to_bytes(8, "little")
+
+
+def _write_frame(writer: asyncio.StreamWriter, header: Header, payload: Payload) -> int:
+    """Write one frame (without joining header and payload into a copy); returns its length."""
+    head = _frame_head(header, len(payload))
+    writer.write(head)
+    if len(payload):
+        writer.write(payload)
+    return len(head) + len(payload)
 
 
 class SwarmNode:
@@ -180,6 +192,10 @@ class SwarmNode:
             fut.cancel()
             raise
 
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Start ``coro`` on the node's loop and return its future (cancel it when no longer wanted)."""
+        return asyncio.run_coroutine_threadsafe(coro, self._loop)
+
     def spawn(self, coro: Coroutine[Any, Any, Any]) -> None:
         """Start ``coro`` on the node's loop without waiting for it (it gets a grace period at shutdown)."""
         fut = asyncio.run_coroutine_threadsafe(coro, self._loop)
@@ -210,6 +226,7 @@ class SwarmNode:
                 header, head_len, size = await asyncio.wait_for(_read_header(reader), HEADER_READ_TIMEOUT_S)
                 self.bytes_received += 12 + head_len
                 refusal, drain = None, True
+                out_payload: Payload
                 if self._verifier is not None:
                     try:
                         self._verifier.precheck(header)
@@ -243,13 +260,12 @@ class SwarmNode:
                             "%s: handler %s failed for %s: %s", self.peer_key[-6:], name, remote[-6:], e
                         )
                         out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
-                frame = _encode_frame(out_header, out_payload)
-                writer.write(frame)
+                sent = _write_frame(writer, out_header, out_payload)
                 await writer.drain()
-                self.bytes_sent += len(frame)
+                self.bytes_sent += sent
                 # drain() only handed the frame to p2pd: closing now may cut a large answer off on its way
                 # (seen: an 8 MiB state chunk broke off after 7 MB). The caller closes once it has read it.
-                await asyncio.wait_for(reader.read(1), _payload_timeout(len(frame)))
+                await asyncio.wait_for(reader.read(1), _payload_timeout(sent))
             except (
                 asyncio.IncompleteReadError,
                 ConnectionError,
@@ -305,10 +321,9 @@ class SwarmNode:
         try:
             if self._signer is not None:
                 header = self._signer.sign(name, peer_key, header, payload)
-            frame = _encode_frame(header, payload)
-            writer.write(frame)
+            sent = _write_frame(writer, header, payload)
             await writer.drain()
-            self.bytes_sent += len(frame)
+            self.bytes_sent += sent
             out_header, out_payload, n = await _read_frame(reader, self.max_message_bytes)
             self.bytes_received += n
         except asyncio.IncompleteReadError as e:

@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collab.config import parse_config
-from collab.methods.base import MethodState
+from collab.methods.base import MethodState, StreamHash
 from collab.methods.checkpoint import (
     MAGIC,
     CheckpointError,
@@ -215,3 +215,48 @@ def test_a_state_is_hashed_once_until_it_changes(monkeypatch: pytest.MonkeyPatch
     assert state.hash() == honest(state) and len(calls) == 5
     loaded = MethodState.from_bytes(state.to_bytes())  # from_bytes checks the hash: kept on the copy
     assert loaded.hash() == state.hash() and len(calls) == 6
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 40), min_size=0, max_size=3),
+    dim=st.integers(0, 30),
+    cuts=st.lists(st.integers(1, 200), min_size=1, max_size=12),
+)
+def test_a_state_hashed_as_it_arrives_in_pieces_hashes_as_a_whole(
+    sizes: list[int], dim: int, cuts: list[int]
+) -> None:
+    """A download hashes the serialization chunk by chunk (StreamHash): however the bytes are cut, the
+    digest is the state's own hash, and from_bytes takes it without hashing the state again."""
+    g = torch.Generator().manual_seed(dim)
+    extra = {f"m{i}": torch.randn(n, generator=g) for i, n in enumerate(sizes)}
+    state = MethodState(
+        step=dim, z=torch.randn(dim, generator=g), w=torch.zeros(dim), fw=torch.ones(dim), extra=extra
+    )
+    blob = state.to_bytes()
+    streamed, at, i = StreamHash(), 0, 0
+    while at < len(blob):
+        cut = cuts[i % len(cuts)]
+        streamed.update(blob[at : at + cut])
+        at, i = at + cut, i + 1
+    assert streamed.digest(len(blob)) == state.hash()
+    assert streamed.digest(len(blob) + 1) is None, "not all the bytes: no digest"
+    loaded = MethodState.from_bytes(bytearray(blob), streamed=streamed)
+    assert loaded.hash() == state.hash() and torch.equal(loaded.z, state.z)
+
+
+def test_a_streamed_hash_of_other_bytes_is_never_taken() -> None:
+    """A stream fed other bytes than the ones parsed gives another digest: from_bytes refuses the state
+    (its header's hash does not match), and a layout to_bytes never writes gets no digest at all."""
+    state = _state()
+    blob = state.to_bytes()
+    wrong = StreamHash()
+    wrong.update(blob[:-4] + b"\0\0\0\0")
+    with pytest.raises(ValueError, match="hash mismatch"):
+        MethodState.from_bytes(bytearray(blob), streamed=wrong)
+    head = json.dumps(
+        {"version": 1, "step": 1, "tensors": [["z", 1], ["fw", 1], ["w", 1]], "hash": ""}
+    ).encode()
+    unsorted = StreamHash()
+    unsorted.update(len(head).to_bytes(4, "little") + head + bytes(12))
+    assert unsorted.digest(4 + len(head) + 12) is None
