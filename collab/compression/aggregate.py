@@ -58,6 +58,12 @@ def weighted_mean(messages: Sequence[CompressedMessage], weights: Sequence[float
             MessageKind.SHARED, numel, (acc / total).float(), first.indices, seed=first.seed, step=first.step
         )
 
+    if all(m.kind == MessageKind.DENSE for m in messages):  # no index list to build (d int64s)
+        acc = torch.zeros(numel, dtype=torch.float64)
+        for m, w in zip(messages, weights, strict=True):
+            acc.add_(m.values.double(), alpha=float(w))
+        return CompressedMessage(MessageKind.DENSE, numel, (acc / total).float())
+
     support = union_support(messages)
     acc = torch.zeros(support.numel(), dtype=torch.float64)
     for m, w in zip(messages, weights, strict=True):

@@ -117,8 +117,8 @@ class CompressedMessage:
             assert self.indices is not None
             coded = encode_gaps(self.indices.numpy())
             parts += [_U64.pack(len(coded)), coded]
-        parts.append(self.values.numpy().astype("<f4", copy=False).tobytes())
-        return b"".join(parts)
+        values = np.ascontiguousarray(self.values.numpy().astype("<f4", copy=False))
+        return b"".join([*parts, values.data])  # the values are copied once, here
 
     @classmethod
     def from_bytes(

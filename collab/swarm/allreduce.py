@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 from collab.compression import CompressedMessage, MessageFormatError, MessageKind, weighted_mean
 from collab.compression.partition import Layout, assemble, bounds, check_part, layout_of, split
-from collab.compression.validate import check_finite, max_part_bytes, norm_of, outliers
+from collab.compression.validate import finite_norm, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
 from collab.swarm.agreement import Agreement, Statement, part_digest
@@ -223,8 +223,9 @@ class ExactReducer:
             slot.statement = self.agreement.sign(gid, j, part_digest(gid, j, result, dropped))
         return slot.statement
 
-    def _check(self, slot: _Slot, i: int) -> tuple[CompressedMessage, float]:
-        """Member ``i``'s part, validated; raises ``ValueError`` with the reason it is rejected."""
+    def _check(self, slot: _Slot, i: int) -> tuple[CompressedMessage, float, float]:
+        """Member ``i``'s part, validated, its weight and its norm; raises ``ValueError`` with the reason
+        it is rejected."""
         assert slot.group is not None and slot.params is not None
         peer = slot.group.peers[i]
         if self.bans.is_banned(peer):
@@ -252,8 +253,7 @@ class ExactReducer:
         except MessageFormatError as e:
             raise ValueError(f"malformed part: {e}") from None
         check_part(part, layout=p.layout, numel=p.numel, n=p.n, j=slot.me, count=p.count)
-        check_finite(part)
-        return part, weight
+        return part, weight, finite_norm(part)
 
     def _maybe_finish(self, slot: _Slot) -> None:
         """Average once every member's part is in (or refused): validate, drop and ban offenders."""
@@ -267,12 +267,14 @@ class ExactReducer:
         if len(present | {me}) < n:
             return
         valid: dict[int, tuple[CompressedMessage, float]] = {me: slot.own}
+        norms = {me: norm_of(slot.own[0])}
         excluded: dict[int, str] = {}
         for i in range(n):
             if i == me:
                 continue
             try:
-                valid[i] = self._check(slot, i)
+                part, weight, norms[i] = self._check(slot, i)
+                valid[i] = (part, weight)
             except ValueError as e:
                 excluded[i] = str(e)
             except Exception as e:  # anything else a hostile part provokes is still its sender's fault
@@ -280,7 +282,7 @@ class ExactReducer:
         # members tagging along (weight 0: too slow for this round) add nothing and are not compared
         counted = {i: (m, w) for i, (m, w) in valid.items() if w > 0}
         ratio = self.cfg.max_norm_ratio
-        for i, why in outliers({i: norm_of(m) for i, (m, _) in counted.items()}, ratio, trusted=me).items():
+        for i, why in outliers({i: norms[i] for i in counted}, ratio, trusted=me).items():
             excluded[i] = f"norm {why}"
         self._check_claims(group, me, counted, excluded)
         for i, why in excluded.items():
@@ -426,14 +428,14 @@ class ExactReducer:
             return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
         answers = await gather_all([fetch(j) for j in range(n)])
-        reduced_parts = []
+        reduced_parts, rms = [], {}
         for j, (blob, _, _) in enumerate(answers):
             # Everyone receives these same bytes, so everyone takes the same decision on them.
             expected = (MessageKind.SPARSE,) if layout == Layout.SPARSE else (MessageKind.DENSE,)
             try:
                 part = CompressedMessage.from_bytes(blob, max_numel=message.numel, kinds=expected)
                 check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])
-                check_finite(part)
+                rms[j] = finite_norm(part) / math.sqrt(max(1, part.count))
             except Exception as e:  # whatever the bytes provoke: the same verdict on every member
                 why = str(e) if isinstance(e, ValueError) else type(e).__name__
                 self.bans.ban(owners[j], f"invalid reduced part: {why}", group.round_id)
@@ -441,7 +443,6 @@ class ExactReducer:
             reduced_parts.append(part)
         # An owner could inflate its part of the aggregate: compare the parts' RMS (same bytes everywhere,
         # so the same verdict everywhere), with a wide margin since parts cover different coordinates.
-        rms = {j: norm_of(p) / math.sqrt(max(1, p.count)) for j, p in enumerate(reduced_parts)}
         for j, why in outliers(rms, self.cfg.max_norm_ratio**2).items():
             self.bans.ban(owners[j], f"inflated reduced part: RMS {why}", group.round_id)
             raise RoundFailed(f"part {j} from {owners[j][-6:]} is inflated: RMS {why}")
