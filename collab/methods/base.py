@@ -287,9 +287,9 @@ class MethodState:
         """Parse :meth:`to_bytes` output and check its hash; raises ``ValueError`` on any mismatch.
 
         The tensors share the memory of a ``bytearray`` or writable ``memoryview`` (no copy; the caller
-        must not reuse it); ``bytes``
-        are copied once. ``streamed``: a :class:`StreamHash` that was fed exactly ``data`` as it arrived;
-        its digest, when it has one, is the state's hash (no second pass over the bytes)."""
+        must not reuse it); ``bytes`` are copied once. ``streamed``: a :class:`StreamHash` that was fed
+        exactly ``data`` as it arrived; its digest, when it has one, is the state's hash (no second pass
+        over the bytes)."""
         writable = isinstance(data, bytearray) or (isinstance(data, memoryview) and not data.readonly)
         buf = data if writable else bytearray(data)
         try:
@@ -298,6 +298,7 @@ class MethodState:
             offset = 4 + n
             tensors: dict[str, torch.Tensor] = {}
             for name, numel in header["tensors"]:
+                str(name).encode()  # hashed as UTF-8: a name that is not (a lone surrogate) is malformed
                 count = int(numel)
                 if count < 0 or offset + 4 * count > len(buf):
                     raise ValueError("truncated state")
@@ -322,7 +323,7 @@ class MethodState:
                 server_error=tensors.pop("server_error", None),
                 extra=tensors,
             )
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError) as e:
+        except (KeyError, TypeError, ValueError, OverflowError, RecursionError, json.JSONDecodeError) as e:
             raise ValueError(f"malformed method state: {e}") from None
         digest = streamed.digest(len(buf)) if streamed is not None else None
         if digest is not None:
@@ -340,6 +341,9 @@ class MethodState:
             server_error=None if self.server_error is None else self.server_error.clone(),
             extra={k: v.clone() for k, v in self.extra.items()},
         )
+
+
+MAX_STREAMED_HEADER_BYTES = 1 << 20  # a serialization header beyond this gets no streamed digest
 
 
 class StreamHash:
@@ -385,32 +389,37 @@ class StreamHash:
         return self._sha.hexdigest()[:32]
 
     def _parse(self) -> bool:
-        """Read the header from the prefix once it is complete (``True``); give up on a strange one."""
+        """Read the header from the prefix once it is complete (``True``); give up on a strange one (no
+        digest then: whoever parses the state hashes it itself)."""
         assert self._prefix is not None
         buf = self._prefix
         if len(buf) < 4:
             return False
         n = int.from_bytes(buf[:4], "little")
+        if n > MAX_STREAMED_HEADER_BYTES:
+            self._prefix = None
+            return False
         if len(buf) < 4 + n:
             return False
+        self._prefix = None  # read once, whatever it holds
         try:
             header = json.loads(bytes(buf[4 : 4 + n]))
             step = int(header["step"])
             entries = [(name, int(numel)) for name, numel in header["tensors"]]
-        except (KeyError, TypeError, ValueError, json.JSONDecodeError):
-            entries, step = [], -1
-        names = [name for name, _ in entries]
-        if not entries or not all(isinstance(x, str) for x in names) or names != sorted(set(names)):
-            self._prefix = None  # not the layout to_bytes writes: no digest from here
+            names = [name for name, _ in entries]
+            if not entries or not all(isinstance(x, str) for x in names) or names != sorted(set(names)):
+                return False  # not the layout to_bytes writes
+            segments: list[tuple[int, int, bytes]] = []
+            offset = 4 + n
+            for name, count in entries:
+                if count < 0:
+                    return False
+                segments.append((offset, offset + 4 * count, name.encode()))
+                offset += 4 * count
+        except Exception:  # whatever a hostile header provokes (bad JSON, huge numbers, lone surrogates)
             return False
-        offset = 4 + n
-        for name, count in entries:
-            if count < 0:
-                self._prefix = None
-                return False
-            self._segments.append((offset, offset + 4 * count, name.encode()))
-            offset += 4 * count
-        self._size = offset
+        self._prefix = buf  # the caller feeds the whole prefix from its start
+        self._segments, self._size = segments, offset
         self._sha = hashlib.sha256(f"step={step}".encode())
         return True
 

@@ -231,7 +231,7 @@ class Partial:
         )
         if not same:
             self.hash, self.size, self.chunk_bytes, self.digests = digest, size, chunk_bytes, tuple(digests)
-            self.held, self._buffer, self.streamed = 0, None, StreamHash()
+            self.held, self._buffer, self.streamed, self._hashing = 0, None, StreamHash(), None
         return same and self.held > 0
 
     def add(self, i: int, blob: bytes, digest: str | None = None) -> None:
@@ -243,21 +243,25 @@ class Partial:
         if self._buffer is None:
             try:
                 self._buffer = torch.empty(self.size, dtype=torch.uint8).numpy().data
-            except RuntimeError:  # more than this machine can hold
+            except Exception:  # more than this machine can hold
                 raise StateRejected(f"no memory for a state of {self.size} bytes") from None
         self._buffer[self.held : self.held + len(blob)] = blob
         self.held += len(blob)
         self._hashing = HASHER.submit(self.streamed.update, blob)
 
-    def hashed(self) -> StreamHash:
-        """The state's hash over the chunks held, once the hashing thread has caught up."""
+    def hashed(self) -> StreamHash | None:
+        """The state's hash over the chunks held, once the hashing thread has caught up (HASHER has one
+        worker and runs in order: the latest chunk's job done means all are); ``None`` if it failed."""
         if self._hashing is not None:
-            self._hashing.result()
+            try:
+                self._hashing.result()
+            except Exception:  # no streamed digest: the parsed state is hashed as a whole instead
+                return None
         return self.streamed
 
     def clear(self) -> None:
         self.hash, self.size, self.chunk_bytes, self.digests = "", 0, 0, ()
-        self.held, self._buffer = 0, None
+        self.held, self._buffer, self._hashing = 0, None, None
         self.streamed = StreamHash()
 
 
@@ -271,8 +275,8 @@ def _manifest(header: Mapping[str, object], max_chunk: int) -> tuple[str, int, i
     )
     if not (
         isinstance(digest, str)
-        and isinstance(size, int)
-        and isinstance(chunk_bytes, int)
+        and type(size) is int  # not a bool
+        and type(chunk_bytes) is int
         and 0 < chunk_bytes <= max_chunk
         and isinstance(digests, list)
         and 0 < len(digests) <= MAX_CHUNKS
@@ -328,7 +332,10 @@ def download_state(
 
     async def fetch(i: int) -> tuple[bytes, str]:
         """Chunk ``i`` and its digest (computed on a DIGESTERS thread, as the chunk arrives)."""
-        _, blob = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=timing.state_call_s)
+        # queued behind the calls ahead of it: each call gets their time too (a chunk still has to come
+        # within state_wait_s of the one before it, as when chunks were fetched one at a time)
+        call_s = CHUNKS_IN_FLIGHT * timing.state_call_s
+        _, blob = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=call_s)
         return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob)
 
     def ask(i: int) -> None:
@@ -341,9 +348,11 @@ def download_state(
                 ask(ahead)
             if progress is not None:
                 progress(i, n)
+            pending_call = calls.pop(i)
             try:
-                blob, blob_digest = calls.pop(i).result(timing.state_wait_s)
-            except (TransportError, TimeoutError) as e:
+                blob, blob_digest = pending_call.result(timing.state_wait_s)
+            except Exception as e:  # unreachable, refused, too slow: this source failed, try another
+                pending_call.cancel()
                 raise StateRejected(f"download broke off at chunk {i + 1} of {n}: {e}") from None
             partial.add(i, blob, blob_digest)
     finally:

@@ -100,11 +100,12 @@ def _frame_head(header: Header, payload_len: int) -> bytes:
 
 def _write_frame(writer: asyncio.StreamWriter, header: Header, payload: Payload) -> int:
     """Write one frame (without joining header and payload into a copy); returns its length."""
-    head = _frame_head(header, len(payload))
+    size = memoryview(payload).nbytes  # bytes, whatever the view's item format
+    head = _frame_head(header, size)
     writer.write(head)
-    if len(payload):
+    if size:
         writer.write(payload)
-    return len(head) + len(payload)
+    return len(head) + size
 
 
 class SwarmNode:

@@ -9,7 +9,7 @@ again. A kill comes 10 s after the previous one or when the leading peer passes 
 outage at a time, never so late that the run could end before the successor is back (judged by how many
 steps the earlier restarts took), up to 5 (a restart takes 2-20 s on 2 cores, depending on the load;
 rounds take tens of milliseconds, so on a busy machine the run may end after 2 or 3 - at least 2 are
-required).
+required, or 1 where a restart took over a third of the run's steps: then there is room for no second).
 
 What is asserted does not depend on timing:
 
@@ -150,7 +150,12 @@ def test_chaos_kill_and_restart(swarm: Swarm) -> None:
         live[shard] = successor = swarm.start(path, shard)
     restarted = [p for p in swarm.peers if p.index >= PEERS]
 
-    assert len(killed) >= 2, f"too few kills before the end of the run: {killed}"
+    # two outages at least - unless a restart took over a third of the run (seen with both cores busy: a
+    # successor needed 22 s, 150 of the 300 steps, to come back), when the run has room for one only
+    slow_restarts = any(3 * steps > STEPS for steps in restart_steps)
+    assert len(killed) >= (1 if slow_restarts else 2), (
+        f"too few kills before the end: {killed}, {restart_steps}"
+    )
     # Every successor still alive downloads the state and takes part in rounds again (or, started so late
     # that the others finished meanwhile, downloads the final state).
     swarm.wait_until(lambda: all(back(p) for p in live.values()), CATCH_UP_S, "the successors to catch up")

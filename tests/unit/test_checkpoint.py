@@ -17,7 +17,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from collab.config import parse_config
-from collab.methods.base import MethodState, StreamHash
+from collab.methods.base import MAX_STREAMED_HEADER_BYTES, MethodState, StreamHash
 from collab.methods.checkpoint import (
     MAGIC,
     CheckpointError,
@@ -260,3 +260,33 @@ def test_a_streamed_hash_of_other_bytes_is_never_taken() -> None:
     unsorted = StreamHash()
     unsorted.update(len(head).to_bytes(4, "little") + head + bytes(12))
     assert unsorted.digest(4 + len(head) + 12) is None
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b'{"version": 1, "step": 1e999, "tensors": [["fw", 1], ["w", 1], ["z", 1]], "hash": ""}',
+        b'{"step": 1, "tensors": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
+        b'{"version": 1, "step": 1, "tensors": [["fw", 1], ["w", 1], ["z", 1], ["\\ud800", 1]], "hash": ""}',
+        b'{"version": 1, "step": 1, "tensors": [["fw", 1], ["w", -1], ["z", 1]], "hash": ""}',
+        b"not json at all",
+    ],
+    ids=["huge step", "deep nesting", "lone surrogate", "negative count", "not json"],
+)
+def test_a_hostile_header_gets_no_streamed_digest_and_one_clear_error(head: bytes) -> None:
+    """Whatever a state server puts in the header, the stream hash gives no digest and parses it once
+    (never raises, never re-reads it per piece), and from_bytes refuses the bytes with a ValueError."""
+    blob = len(head).to_bytes(4, "little") + head + bytes(16)
+    streamed = StreamHash()
+    for at in range(0, len(blob), 4096):
+        streamed.update(blob[at : at + 4096])
+    assert streamed.digest(len(blob)) is None
+    with pytest.raises(ValueError, match="malformed method state"):
+        MethodState.from_bytes(bytearray(blob), streamed=streamed)
+
+
+def test_a_header_longer_than_the_cap_is_not_buffered() -> None:
+    streamed = StreamHash()
+    streamed.update((MAX_STREAMED_HEADER_BYTES + 1).to_bytes(4, "little") + b"{" * 1000)
+    streamed.update(b" " * 10_000)
+    assert streamed.digest(4 + 1000 + 10_000) is None
