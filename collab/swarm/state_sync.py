@@ -135,9 +135,9 @@ class Snapshots:
         if snap is None:
             blob = state.to_view()
             size = max(self.chunk_bytes, math.ceil(len(blob) / MAX_CHUNKS))
-            view = memoryview(blob)  # hashed in place, not sliced into copies, on every core
+            # hashed in place (slices of the view are not copies), on every core
             digests = list(
-                DIGESTERS.map(chunk_digest, [view[i : i + size] for i in range(0, len(blob), size)])
+                DIGESTERS.map(chunk_digest, [blob[i : i + size] for i in range(0, len(blob), size)])
             )
             snap = Snapshot(state.step, digest, blob, size, digests)
         self._kept[digest] = snap  # newest last
@@ -231,7 +231,7 @@ class Partial:
         )
         if not same:
             self.hash, self.size, self.chunk_bytes, self.digests = digest, size, chunk_bytes, tuple(digests)
-            self.held, self._buffer, self.streamed, self._hashing = 0, None, StreamHash(), None
+            self._drop_bytes()
         return same and self.held > 0
 
     def add(self, i: int, blob: bytes, digest: str | None = None) -> None:
@@ -261,8 +261,10 @@ class Partial:
 
     def clear(self) -> None:
         self.hash, self.size, self.chunk_bytes, self.digests = "", 0, 0, ()
-        self.held, self._buffer, self._hashing = 0, None, None
-        self.streamed = StreamHash()
+        self._drop_bytes()
+
+    def _drop_bytes(self) -> None:
+        self.held, self._buffer, self.streamed, self._hashing = 0, None, StreamHash(), None
 
 
 def _manifest(header: Mapping[str, object], max_chunk: int) -> tuple[str, int, int, list[str]]:
