@@ -102,6 +102,11 @@ class CompressedMessage:
 
     def to_bytes(self) -> bytes:
         """Serialize (wire format version 1)."""
+        return b"".join(self.to_buffers())  # the values are copied once, here
+
+    def to_buffers(self) -> list[bytes | memoryview]:
+        """The wire format's bytes as pieces to write one after the other, without joining them: the
+        values are a view of ``values`` (no copy; do not modify the message while they are in use)."""
         header = _HEADER.pack(
             _MAGIC,
             WIRE_VERSION,
@@ -118,7 +123,7 @@ class CompressedMessage:
             coded = encode_gaps(self.indices.numpy())
             parts += [_U64.pack(len(coded)), coded]
         values = np.ascontiguousarray(self.values.numpy().astype("<f4", copy=False))
-        return b"".join([*parts, values.data])  # the values are copied once, here
+        return [*parts, values.view(np.uint8).data]
 
     @classmethod
     def from_bytes(
@@ -127,11 +132,14 @@ class CompressedMessage:
         *,
         max_numel: int | None = None,
         kinds: tuple[MessageKind, ...] | None = None,
+        share: bool = False,
     ) -> CompressedMessage:
         """Parse bytes produced by :meth:`to_bytes`; raises :class:`MessageFormatError` on bad input.
 
         ``max_numel`` and ``kinds`` (what the receiver expects) are checked on the header, before any
-        work that scales with ``numel`` - hostile input must not make the receiver allocate.
+        work that scales with ``numel`` - hostile input must not make the receiver allocate. With
+        ``share`` and a writable buffer the values are a view of ``data`` (no copy): the caller must
+        then leave ``data`` unchanged while the message lives.
         """
         buf = memoryview(data)
         if len(buf) < _HEADER.size:
@@ -170,7 +178,8 @@ class CompressedMessage:
             offset += n_idx_bytes
         if len(buf) != offset + 4 * count:
             raise MessageFormatError("message length does not match its header")
-        values = torch.from_numpy(np.frombuffer(buf, dtype="<f4", count=count, offset=offset).copy())
+        raw = np.frombuffer(buf, dtype="<f4", count=count, offset=offset)
+        values = torch.from_numpy(raw if share and not buf.readonly else raw.copy())
         if kind == MessageKind.SHARED:
             from collab.compression.sampling import random_subset
 

@@ -60,8 +60,8 @@ def split(msg: CompressedMessage, n: int, layout: Layout | None = None) -> list[
     if layout in (Layout.DENSE, Layout.SHARED):
         if layout == Layout.DENSE and msg.kind != MessageKind.DENSE:
             raise ValueError("dense layout needs a dense message")
-        return [
-            CompressedMessage(MessageKind.DENSE, hi - lo, msg.values[lo:hi].clone())
+        return [  # views of the message's values: a part is sent or averaged, never modified
+            CompressedMessage(MessageKind.DENSE, hi - lo, msg.values[lo:hi])
             for lo, hi in bounds(msg.count, n)
         ]
     if layout != Layout.SPARSE or msg.indices is None:

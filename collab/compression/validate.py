@@ -18,6 +18,7 @@ from collab.compression.message import CompressedMessage
 
 HEADER_ALLOWANCE_BYTES = 1024
 MAX_BYTES_PER_ENTRY = 4 + 5  # an f32 value and, for sparse parts, at most a 5-byte varint gap
+NORM_BLOCK = 1 << 20  # values per float64 block of a norm
 
 
 def max_part_bytes(entries: int) -> int:
@@ -44,8 +45,13 @@ def finite_norm(msg: CompressedMessage) -> float:
 
 
 def norm_of(msg: CompressedMessage) -> float:
-    """L2 norm of the values, accumulated in float64 (float32 overflows for hostile inputs)."""
-    return float(torch.linalg.vector_norm(msg.values.double())) if msg.count else 0.0
+    """L2 norm of the values, accumulated in float64 (float32 overflows for hostile inputs), block by
+    block (no float64 copy of a large message: each block's stays in cache)."""
+    values = msg.values
+    squares = 0.0
+    for lo in range(0, msg.count, NORM_BLOCK):
+        squares += float(torch.linalg.vector_norm(values[lo : lo + NORM_BLOCK], dtype=torch.float64)) ** 2
+    return math.sqrt(squares)
 
 
 def outliers(values: Mapping[int, float], ratio: float, *, trusted: int | None = None) -> dict[int, str]:

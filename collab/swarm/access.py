@@ -30,7 +30,7 @@ import os
 import secrets
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -41,6 +41,8 @@ from hivemind.utils.crypto import RSAPrivateKey, RSAPublicKey
 from hivemind.utils.timed_storage import get_dht_time
 
 from collab.files import atomic_write
+
+Bytes = bytes | bytearray | memoryview
 
 MAX_CLOCK_SKEW_S = 60.0
 REFRESH_RETRY_S = 5.0
@@ -239,10 +241,15 @@ class CallSigner:
     def __init__(self, credentials: Credentials) -> None:
         self.credentials = credentials
 
-    def sign(self, name: str, callee: str, header: dict[str, Any], payload: bytes) -> dict[str, Any]:
+    def sign(
+        self, name: str, callee: str, header: dict[str, Any], payload: Bytes | Sequence[Bytes]
+    ) -> dict[str, Any]:
         token = self.credentials.current()
         t, nonce = get_dht_time(), secrets.token_hex(12)
-        digest = hashlib.sha256(payload).hexdigest()
+        h = hashlib.sha256()
+        for piece in [payload] if isinstance(payload, bytes | bytearray | memoryview) else payload:
+            h.update(piece)
+        digest = h.hexdigest()
         sig = self.credentials.key.sign(_call_payload(name, callee, header, digest, t, nonce))
         auth = {"token": token_to_text(token), "time": t, "nonce": nonce, "sig": sig.decode()}
         return {**header, "auth": auth}
@@ -272,7 +279,7 @@ class CallVerifier:
             raise AccessDenied("call timestamp too far from now (clock skew or a replay)")
         return token, auth
 
-    def verify(self, name: str, header: dict[str, Any], payload: bytes) -> str:
+    def verify(self, name: str, header: dict[str, Any], payload: Bytes) -> str:
         """The caller's token name; raises :class:`AccessDenied`."""
         # The timestamp was checked when the header arrived (a long upload must not expire it here).
         token, auth = self.precheck(header, check_time=False)

@@ -52,7 +52,7 @@ from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group, LeftBehind
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError
+from collab.swarm.transport import Header, Payload, Payloads, Received, RemoteError, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -72,11 +72,13 @@ class Unconfirmed(LeftBehind):
     ``peers``: the round's other members."""
 
 
-def part_digest(group_id: str, j: int, blob: bytes, excluded: Mapping[str, str]) -> str:
-    """sha256 (hex) of part ``j`` of a group's aggregate as its owner answered it: bytes and dropped list."""
+def part_digest(group_id: str, j: int, wire: Payloads, excluded: Mapping[str, str]) -> str:
+    """sha256 (hex) of part ``j`` of a group's aggregate as its owner answered it: its bytes (``wire``,
+    whole or in pieces) and dropped list."""
     h = hashlib.sha256(f"{group_id}|{j}|".encode())
     h.update(json.dumps(sorted((str(k), str(v)) for k, v in excluded.items())).encode())
-    h.update(blob)
+    for piece in [wire] if isinstance(wire, Payload) else wire:
+        h.update(piece)
     return h.hexdigest()
 
 
@@ -172,7 +174,7 @@ class Agreement:
         assert coll.expected is not None
         return {p: coll.lists[p] for p in sorted(coll.expected)}
 
-    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+    async def _handle(self, header: Header, payload: Received, remote: str) -> tuple[Header, bytes]:
         """As the collector: take a member's signed list and answer with all of them (or the failure)."""
         coll = self._collection(str(header.get("group_id", ""))[:64])
         if remote not in coll.lists and len(coll.lists) >= MAX_LISTS:
@@ -362,7 +364,7 @@ def _list_message(group_id: str, parts: list[list[str]]) -> bytes:
     return _LIST_DOMAIN + f"{group_id}|".encode() + json.dumps(parts, separators=(",", ":")).encode()
 
 
-def _signed_list_shape(payload: bytes) -> dict[str, object] | None:
+def _signed_list_shape(payload: bytes | bytearray) -> dict[str, object] | None:
     """A signed list as sent (``parts``, ``key``, ``signature``; strings only), nothing else kept."""
     try:
         raw = json.loads(payload)

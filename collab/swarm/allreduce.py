@@ -48,7 +48,16 @@ from collab.swarm.agreement import Agreement, Statement, part_digest
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, RemoteError, SwarmNode, TransportError, gather_all
+from collab.swarm.transport import (
+    Header,
+    Payload,
+    Payloads,
+    Received,
+    RemoteError,
+    SwarmNode,
+    TransportError,
+    gather_all,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -56,6 +65,15 @@ PART = "collab.part"
 MAX_OWNERS = 100_000  # a header's group size beyond this is nonsense
 MEASURED_ROUND_BYTES = 1 << 20  # rounds of smaller messages are set by latency: not measured
 UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer has not formed (yet)
+
+
+async def _digest(group_id: str, j: int, wire: Payloads, dropped: Mapping[str, str]) -> str:
+    """:func:`part_digest`, on a worker thread when the part is large (hashlib releases the GIL): the
+    event loop keeps moving the round's other bytes meanwhile."""
+    pieces = [wire] if isinstance(wire, Payload) else wire
+    if sum(memoryview(piece).nbytes for piece in pieces) < MEASURED_ROUND_BYTES:
+        return part_digest(group_id, j, wire, dropped)
+    return await asyncio.to_thread(part_digest, group_id, j, wire, dropped)
 
 
 def message_size(message: CompressedMessage) -> int:
@@ -98,6 +116,16 @@ class _Params:
         return hi - lo
 
 
+@dataclass(frozen=True)
+class _Reduced:
+    """One part's average as its owner answers it: the message, its wire bytes (pieces, not joined) and
+    the members dropped from it (index -> reason)."""
+
+    message: CompressedMessage
+    wire: list[bytes | memoryview]
+    excluded: dict[int, str]
+
+
 @dataclass
 class _Slot:
     """Owner-side collection of one part of one group's round."""
@@ -106,13 +134,13 @@ class _Slot:
     params: _Params | None = None
     me: int = -1  # the part this owner holds
     member: int = -1  # this owner's index among the group's members (the senders)
-    received: dict[tuple[int, str], tuple[Header, bytes]] = field(default_factory=dict)  # (sender, remote)
+    received: dict[tuple[int, str], tuple[Header, Received]] = field(default_factory=dict)  # (sender, remote)
     refused: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
     conflicts: dict[tuple[int, str], str] = field(default_factory=dict)  # (sender, remote) -> reason
     own: tuple[CompressedMessage, float] | None = None
     total_weight: float = 0.0  # the samples behind this part's average (valid members only)
-    result: asyncio.Future[tuple[bytes, dict[int, str]]] | None = None
-    statement: Statement | None = None  # this owner's signed word on the result (the same for everyone)
+    result: asyncio.Future[_Reduced] | None = None
+    statement: asyncio.Future[Statement] | None = None  # this owner's signed word on the result (one for all)
     created: float = field(default_factory=time.monotonic)
     timing: Timing | None = None  # the waits for this round's payload (set by the first call that knows it)
 
@@ -187,7 +215,7 @@ class ExactReducer:
             return
         self._maybe_finish(slot)
 
-    async def _handle_part(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+    async def _handle_part(self, header: Header, payload: Received, remote: str) -> tuple[Header, Payloads]:
         group_id, j, sender = str(header["group_id"]), int(header["part"]), int(header["sender"])
         slot = self._slot(group_id, j)
         if slot.group is not None and not self._is_member(slot.group, sender, remote):
@@ -202,25 +230,28 @@ class ExactReducer:
         self._maybe_finish(slot)
         n = header.get("n")
         size = len(payload) * n if isinstance(n, int) and 0 < n <= MAX_OWNERS else len(payload)
-        result, excluded = await self._await_result(slot, size)
-        if sender in excluded:
-            raise ValueError(f"contribution rejected: {excluded[sender]}")
-        dropped = {str(i): r for i, r in excluded.items()}
+        result = await self._await_result(slot, size)
+        if sender in result.excluded:
+            raise ValueError(f"contribution rejected: {result.excluded[sender]}")
         return {
             "ok": True,
-            "excluded": dropped,
-            "statement": self._statement(slot, j, result).to_wire(),
+            "excluded": {str(i): r for i, r in result.excluded.items()},
+            "statement": (await asyncio.shield(self._statement(slot, j, result))).to_wire(),
             "samples": slot.total_weight,  # behind this part's average (a client's share reads it)
-        }, result
+        }, result.wire
 
-    def _statement(self, slot: _Slot, j: int, result: bytes) -> Statement:
-        """This owner's signed statement on part ``j``'s result (signed once, sent to every member)."""
+    def _statement(self, slot: _Slot, j: int, result: _Reduced) -> asyncio.Future[Statement]:
+        """This owner's signed statement on part ``j``'s result (signed once, sent to every member; the
+        digest of a large part is computed off the event loop)."""
         if slot.statement is None:
-            assert slot.group is not None and slot.result is not None
-            _, excluded = slot.result.result()
-            dropped = {str(i): r for i, r in excluded.items()}
+            assert slot.group is not None
             gid = slot.group.group_id
-            slot.statement = self.agreement.sign(gid, j, part_digest(gid, j, result, dropped))
+
+            async def sign() -> Statement:
+                dropped = {str(i): r for i, r in result.excluded.items()}
+                return self.agreement.sign(gid, j, await _digest(gid, j, result.wire, dropped))
+
+            slot.statement = asyncio.ensure_future(sign())
         return slot.statement
 
     def _check(self, slot: _Slot, i: int) -> tuple[CompressedMessage, float, float]:
@@ -249,7 +280,7 @@ class ExactReducer:
         p = slot.params
         expected = (MessageKind.SPARSE,) if p.layout == Layout.SPARSE else (MessageKind.DENSE,)
         try:
-            part = CompressedMessage.from_bytes(payload, max_numel=p.numel, kinds=expected)
+            part = CompressedMessage.from_bytes(payload, max_numel=p.numel, kinds=expected, share=True)
         except MessageFormatError as e:
             raise ValueError(f"malformed part: {e}") from None
         check_part(part, layout=p.layout, numel=p.numel, n=p.n, j=slot.me, count=p.count)
@@ -296,9 +327,9 @@ class ExactReducer:
             return
         slot.total_weight = sum(w for _, w in ordered)
         mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
-        slot.result.set_result((mean.to_bytes(), excluded))
+        slot.result.set_result(_Reduced(mean, mean.to_buffers(), excluded))
 
-    async def _await_result(self, slot: _Slot, message_bytes: int) -> tuple[bytes, dict[int, str]]:
+    async def _await_result(self, slot: _Slot, message_bytes: int) -> _Reduced:
         assert slot.result is not None
         try:
             wait_s = self._times(slot, message_bytes).allreduce_s
@@ -400,18 +431,19 @@ class ExactReducer:
             self._maybe_finish(own)
         samples: dict[int, float] = {}  # part -> the samples behind it, as its owner says
 
-        async def fetch(j: int) -> tuple[bytes, dict[str, str], Statement]:
-            if j == mine:
+        async def fetch(j: int) -> tuple[Received | CompressedMessage, dict[str, str], Statement]:
+            if j == mine:  # the average this owner computed (the message its answers serialize)
                 assert own is not None
-                result, dropped_here = await self._await_result(own, size)
-                return result, {str(i): r for i, r in dropped_here.items()}, self._statement(own, j, result)
+                result = await self._await_result(own, size)
+                dropped_here = {str(i): r for i, r in result.excluded.items()}
+                return result.message, dropped_here, await asyncio.shield(self._statement(own, j, result))
             peer = owners[j]
             try:
                 answer, reduced = await self.node.call(
                     peer,
                     PART,
                     {**header, "part": j},
-                    parts[j].to_bytes(),
+                    parts[j].to_buffers(),
                     # the owner waits up to allreduce_timeout_s once our part is in: allow for the upload
                     timeout_s=times.part_call_s,
                 )
@@ -424,7 +456,7 @@ class ExactReducer:
             got = answer.get("samples")
             if isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got):
                 samples[j] = float(got)
-            digest = part_digest(group.group_id, j, reduced, dropped)
+            digest = await _digest(group.group_id, j, reduced, dropped)
             return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
         answers = await gather_all([fetch(j) for j in range(n)])
@@ -433,7 +465,13 @@ class ExactReducer:
             # Everyone receives these same bytes, so everyone takes the same decision on them.
             expected = (MessageKind.SPARSE,) if layout == Layout.SPARSE else (MessageKind.DENSE,)
             try:
-                part = CompressedMessage.from_bytes(blob, max_numel=message.numel, kinds=expected)
+                part = (
+                    blob
+                    if isinstance(blob, CompressedMessage)
+                    else CompressedMessage.from_bytes(
+                        blob, max_numel=message.numel, kinds=expected, share=True
+                    )
+                )
                 check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])
                 rms[j] = finite_norm(part) / math.sqrt(max(1, part.count))
             except Exception as e:  # whatever the bytes provoke: the same verdict on every member

@@ -84,7 +84,7 @@ from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, SwarmNode, TransportError
+from collab.swarm.transport import Header, Received, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -667,7 +667,7 @@ class Matchmaker:
         r.group.set_result(group)
         return group
 
-    async def _handle_join(self, header: Header, payload: bytes, remote: str) -> tuple[Header, bytes]:
+    async def _handle_join(self, header: Header, payload: Received, remote: str) -> tuple[Header, bytes]:
         round_id = str(header["round"])
         device_index = int(header["device_index"])
         if header.get("version") != self.config_version:

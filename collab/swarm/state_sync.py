@@ -42,7 +42,7 @@ import torch
 from collab.methods.base import MethodState, StreamHash
 from collab.swarm.records import AliveRecord, progress_key
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, Payload, SwarmNode, TransportError
+from collab.swarm.transport import Header, Payload, Received, SwarmNode, TransportError
 
 STATE = "collab.state"
 MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempts at one step)
@@ -178,7 +178,7 @@ class StateServer:
         self.snapshots = Snapshots(chunk_bytes)
         node.serve(STATE, self._handle)
 
-    async def _handle(self, header: Header, payload: bytes, remote: str) -> tuple[Header, Payload]:
+    async def _handle(self, header: Header, payload: Received, remote: str) -> tuple[Header, Payload]:
         if self.banned(remote):
             raise PermissionError("banned from this run")
         if "chunk" in header:
@@ -234,7 +234,7 @@ class Partial:
             self._drop_bytes()
         return same and self.held > 0
 
-    def add(self, i: int, blob: bytes, digest: str | None = None) -> None:
+    def add(self, i: int, blob: bytes | bytearray, digest: str | None = None) -> None:
         """Append chunk ``i``, checked against its digest (``digest``: ``chunk_digest(blob)``, when the
         caller computed it already); raises :class:`StateRejected`."""
         expected = min(self.chunk_bytes, self.size - i * self.chunk_bytes)
@@ -308,7 +308,7 @@ def download_state(
     partial = partial if partial is not None else Partial()
     timing = source.timing
 
-    def call(header: dict[str, object]) -> tuple[dict[str, object], bytes]:
+    def call(header: dict[str, object]) -> tuple[dict[str, object], Received]:
         return node.run(
             node.call(peer, STATE, header, timeout_s=timing.state_call_s), timeout_s=timing.state_wait_s
         )
@@ -330,9 +330,9 @@ def download_state(
     n = len(digests)
     # up to CHUNKS_IN_FLIGHT chunk calls at once: each chunk is checked (and hashed into the state's
     # hash) here while the next ones are on their way
-    calls: dict[int, concurrent.futures.Future[tuple[bytes, str]]] = {}
+    calls: dict[int, concurrent.futures.Future[tuple[Received, str]]] = {}
 
-    async def fetch(i: int) -> tuple[bytes, str]:
+    async def fetch(i: int) -> tuple[Received, str]:
         """Chunk ``i`` and its digest (computed on a DIGESTERS thread, as the chunk arrives)."""
         # queued behind the calls ahead of it: each call gets their time too (a chunk still has to come
         # within state_wait_s of the one before it, as when chunks were fetched one at a time)

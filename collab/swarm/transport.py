@@ -35,9 +35,12 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 Header = dict[str, Any]
 Payload = bytes | bytearray | memoryview  # what a frame carries (sent as is: no copy to frame it)
-Handler = Callable[[Header, bytes, str], Awaitable[tuple[Header, Payload]]]
+Payloads = Payload | Sequence[Payload]  # one payload, or its pieces in order
+Received = bytes | bytearray  # a payload as read (large ones: a writable buffer)
+Handler = Callable[[Header, Received, str], Awaitable[tuple[Header, Payloads]]]
 
 MAX_HEADER_BYTES = 64 * 1024
+IO_SLICE = 1 << 18  # large payloads are written and read in slices of this many bytes
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
 
 
@@ -67,11 +70,28 @@ async def _read_header(reader: asyncio.StreamReader) -> tuple[Header, int, int]:
     return header, head_len, int.from_bytes(await reader.readexactly(8), "little")
 
 
-async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, bytes, int]:
+async def _read_payload(reader: asyncio.StreamReader, size: int) -> Received:
+    """The next ``size`` bytes. A large payload is read piece by piece into one buffer allocated up front
+    (writable: a receiver may keep views of it): never a stream buffer grown to the payload's size and
+    then copied out whole."""
+    if size <= IO_SLICE:
+        return await reader.readexactly(size) if size else b""
+    out = bytearray(size)
+    view, pos = memoryview(out), 0
+    while pos < size:
+        piece = await reader.read(min(size - pos, IO_SLICE))
+        if not piece:
+            raise asyncio.IncompleteReadError(bytes(view[:pos]), size)
+        view[pos : pos + len(piece)] = piece
+        pos += len(piece)
+    return out
+
+
+async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, Received, int]:
     header, head_len, size = await _read_header(reader)
     if size > max_payload:
         raise TransportError(f"payload of {size} bytes exceeds the limit of {max_payload}")
-    payload = await reader.readexactly(size) if size else b""
+    payload = await _read_payload(reader, size)
     return header, payload, 12 + head_len + size
 
 
@@ -98,13 +118,20 @@ def _frame_head(header: Header, payload_len: int) -> bytes:
     return len(head).to_bytes(4, "little") + head + payload_len.to_bytes(8, "little")
 
 
-def _write_frame(writer: asyncio.StreamWriter, header: Header, payload: Payload) -> int:
-    """Write one frame (without joining header and payload into a copy); returns its length."""
-    size = memoryview(payload).nbytes  # bytes, whatever the view's item format
+async def _send_frame(writer: asyncio.StreamWriter, header: Header, payload: Payloads) -> int:
+    """Write one frame and drain it; returns its length. ``payload`` may be several pieces, sent one after
+    the other (never joined into a copy), and large pieces go out in slices: the transport copies what
+    the socket does not take at once into its buffer, so a whole payload written at once would be copied
+    whole."""
+    pieces = [memoryview(p).cast("B") for p in ([payload] if isinstance(payload, Payload) else payload)]
+    size = sum(p.nbytes for p in pieces)
     head = _frame_head(header, size)
     writer.write(head)
-    if size:
-        writer.write(payload)
+    for piece in pieces:
+        for lo in range(0, piece.nbytes, IO_SLICE):
+            writer.write(piece[lo : lo + IO_SLICE])
+            await writer.drain()
+    await writer.drain()
     return len(head) + size
 
 
@@ -227,7 +254,7 @@ class SwarmNode:
                 header, head_len, size = await asyncio.wait_for(_read_header(reader), HEADER_READ_TIMEOUT_S)
                 self.bytes_received += 12 + head_len
                 refusal, drain = None, True
-                out_payload: Payload
+                out_payload: Payloads
                 if self._verifier is not None:
                     try:
                         self._verifier.precheck(header)
@@ -243,12 +270,9 @@ class SwarmNode:
                         await asyncio.wait_for(_discard(reader, size), _payload_timeout(size))
                     out_header, out_payload = {"error": refusal}, b""
                 else:
-                    payload = (
-                        await asyncio.wait_for(reader.readexactly(size), _payload_timeout(size))
-                        if size
-                        else b""
-                    )
+                    payload = await asyncio.wait_for(_read_payload(reader, size), _payload_timeout(size))
                     self.bytes_received += size
+
                     try:
                         if self._verifier is not None:
                             self._verifier.verify(name, header, payload)
@@ -261,8 +285,7 @@ class SwarmNode:
                             "%s: handler %s failed for %s: %s", self.peer_key[-6:], name, remote[-6:], e
                         )
                         out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
-                sent = _write_frame(writer, out_header, out_payload)
-                await writer.drain()
+                sent = await _send_frame(writer, out_header, out_payload)
                 self.bytes_sent += sent
                 # drain() only handed the frame to p2pd: closing now may cut a large answer off on its way
                 # (seen: an 8 MiB state chunk broke off after 7 MB). The caller closes once it has read it.
@@ -285,11 +308,11 @@ class SwarmNode:
         peer_key: str,
         name: str,
         header: Header,
-        payload: bytes = b"",
+        payload: Payloads = b"",
         *,
         timeout_s: float,
         retries: int = 3,
-    ) -> tuple[Header, bytes]:
+    ) -> tuple[Header, Received]:
         """Send one frame to ``peer_key``'s handler ``name`` and return its answer frame.
 
         A stream that breaks off before any answer byte arrives is retried (``retries`` times): libp2p
@@ -314,7 +337,9 @@ class SwarmNode:
                 await asyncio.sleep(0.01 * (attempt + 1))
         raise AssertionError("unreachable")
 
-    async def _call(self, peer_key: str, name: str, header: Header, payload: bytes) -> tuple[Header, bytes]:
+    async def _call(
+        self, peer_key: str, name: str, header: Header, payload: Payloads
+    ) -> tuple[Header, Received]:
         try:
             _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_key), name)
         except Exception as e:  # p2pd reports unreachable peers with several exception types
@@ -322,11 +347,12 @@ class SwarmNode:
         try:
             if self._signer is not None:
                 header = self._signer.sign(name, peer_key, header, payload)
-            sent = _write_frame(writer, header, payload)
-            await writer.drain()
+            sent = await _send_frame(writer, header, payload)
             self.bytes_sent += sent
+
             out_header, out_payload, n = await _read_frame(reader, self.max_message_bytes)
             self.bytes_received += n
+
         except asyncio.IncompleteReadError as e:
             if not e.partial:
                 raise _BrokenOff(f"call {name} to {peer_key[-6:]} broke off before any answer") from None

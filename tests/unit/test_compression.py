@@ -128,6 +128,41 @@ def test_serialization_roundtrips_bit_exactly(comp) -> None:  # type: ignore[no-
     assert back.to_bytes() == data
 
 
+@pytest.mark.parametrize("comp", [Identity(), RandK(ratio=0.05), TopK(ratio=0.05)])
+def test_wire_pieces_join_to_the_bytes_and_shared_parsing_is_zero_copy(comp) -> None:  # type: ignore[no-untyped-def]
+    msg = comp.compress(_x(3000, 5), seed=2, step=7)
+    data = msg.to_bytes()
+    assert b"".join(msg.to_buffers()) == data
+    writable = bytearray(data)
+    shared = CompressedMessage.from_bytes(writable, share=True)
+    writable[-4:] = np.float32(123.0).tobytes()  # the values are a view of the buffer
+    assert float(shared.values[-1]) == 123.0
+    copied = CompressedMessage.from_bytes(bytearray(data))  # without share: a copy
+    read_only = CompressedMessage.from_bytes(data, share=True)  # bytes cannot be shared: a copy
+    assert copied.to_bytes() == read_only.to_bytes() == data
+
+
+def test_blocked_mean_and_norm_equal_the_whole_vector_formulas() -> None:
+    """The average and the norm of large messages run block by block: the same bits as the formula over
+    whole vectors (float64 zeros, each weighted add in order, one division, one rounding)."""
+    from collab.compression import weighted_mean
+    from collab.compression.aggregate import MEAN_BLOCK
+    from collab.compression.validate import NORM_BLOCK, norm_of
+
+    d = 2 * max(MEAN_BLOCK, NORM_BLOCK) + 12345  # several blocks and a ragged last one
+    xs = [_x(d, i) * torch.logspace(-20, 20, d) for i in range(3)]
+    xs[1][:10] = -0.0
+    weights = [1.0, 0.37, 2.5e3]
+    mean = weighted_mean([CompressedMessage(MessageKind.DENSE, d, x) for x in xs], weights)
+    acc = torch.zeros(d, dtype=torch.float64)
+    for x, w in zip(xs, weights, strict=True):
+        acc.add_(x.double(), alpha=w)
+    expected = (acc / sum(weights)).float()
+    assert mean.values.numpy().tobytes() == expected.numpy().tobytes()
+    norm = norm_of(CompressedMessage(MessageKind.DENSE, d, xs[0]))
+    assert norm == pytest.approx(float(torch.linalg.vector_norm(xs[0].double())), rel=1e-12)
+
+
 def test_wire_size_is_near_ideal() -> None:
     d = 100_000
     x = _x(d)
