@@ -34,6 +34,7 @@ import torch
 WIRE_VERSION = 1
 _MAGIC = b"CM"
 _HEADER = struct.Struct("<2sBBBxQQQQ")
+DENSE_HEAD_BYTES = _HEADER.size  # a dense message's bytes before its values
 _U64 = struct.Struct("<Q")
 _INDEX_CODING_LEB128_GAPS = 1
 VALUE_BITS = 32
@@ -141,27 +142,8 @@ class CompressedMessage:
         ``share`` and a writable buffer the values are a view of ``data`` (no copy): the caller must
         then leave ``data`` unchanged while the message lives.
         """
-        buf = memoryview(data)
-        if len(buf) < _HEADER.size:
-            raise MessageFormatError("message shorter than its header")
-        magic, version, kind_code, coding, numel, count, seed, step = _HEADER.unpack_from(buf)
-        if magic != _MAGIC:
-            raise MessageFormatError("bad magic")
-        if version != WIRE_VERSION:
-            raise MessageFormatError(f"unsupported message version {version}")
-        try:
-            kind = MessageKind(kind_code)
-        except ValueError as e:
-            raise MessageFormatError(f"unknown message kind {kind_code}") from e
-        if coding != _INDEX_CODING_LEB128_GAPS:
-            raise MessageFormatError(f"unknown index coding {coding}")
-        if max_numel is not None and numel > max_numel:
-            raise MessageFormatError(f"numel {numel} exceeds the expected {max_numel}")
-        if kinds is not None and kind not in kinds:
-            wanted = "/".join(k.name for k in kinds)
-            raise MessageFormatError(f"a {kind.name} message where {wanted} was expected")
-        if count > numel or (kind == MessageKind.DENSE and count != numel):
-            raise MessageFormatError("value count inconsistent with numel")
+        buf = memoryview(data).cast("B")
+        kind, numel, count, seed, step = _parse_header(buf, max_numel, kinds)
         offset = _HEADER.size
         indices: torch.Tensor | None = None
         if kind == MessageKind.SPARSE:
@@ -185,6 +167,48 @@ class CompressedMessage:
 
             indices = torch.from_numpy(random_subset(seed, step, numel, count))
         return cls(kind=kind, numel=numel, values=values, indices=indices, seed=seed, step=step)
+
+    @classmethod
+    def dense_from_pieces(
+        cls, head: bytes | bytearray | memoryview, values: torch.Tensor
+    ) -> CompressedMessage:
+        """A dense message whose wire bytes were received in two pieces: its header (``DENSE_HEAD_BYTES``)
+        and its values, already in place in ``values`` (used as they are: no copy). Raises
+        :class:`MessageFormatError` unless the header is a dense message's of exactly those values."""
+        buf = memoryview(head).cast("B")
+        if len(buf) != DENSE_HEAD_BYTES:
+            raise MessageFormatError("a dense message's header has the wrong length")
+        _, numel, count, seed, step = _parse_header(buf, values.numel(), (MessageKind.DENSE,))
+        if count != values.numel():
+            raise MessageFormatError("message length does not match its header")
+        return cls(kind=MessageKind.DENSE, numel=numel, values=values, seed=seed, step=step)
+
+
+def _parse_header(
+    buf: memoryview, max_numel: int | None, kinds: tuple[MessageKind, ...] | None
+) -> tuple[MessageKind, int, int, int, int]:
+    """The header's kind, numel, count, seed and step, checked (see :meth:`CompressedMessage.from_bytes`)."""
+    if len(buf) < _HEADER.size:
+        raise MessageFormatError("message shorter than its header")
+    magic, version, kind_code, coding, numel, count, seed, step = _HEADER.unpack_from(buf)
+    if magic != _MAGIC:
+        raise MessageFormatError("bad magic")
+    if version != WIRE_VERSION:
+        raise MessageFormatError(f"unsupported message version {version}")
+    try:
+        kind = MessageKind(kind_code)
+    except ValueError as e:
+        raise MessageFormatError(f"unknown message kind {kind_code}") from e
+    if coding != _INDEX_CODING_LEB128_GAPS:
+        raise MessageFormatError(f"unknown index coding {coding}")
+    if max_numel is not None and numel > max_numel:
+        raise MessageFormatError(f"numel {numel} exceeds the expected {max_numel}")
+    if kinds is not None and kind not in kinds:
+        wanted = "/".join(k.name for k in kinds)
+        raise MessageFormatError(f"a {kind.name} message where {wanted} was expected")
+    if count > numel or (kind == MessageKind.DENSE and count != numel):
+        raise MessageFormatError("value count inconsistent with numel")
+    return kind, numel, count, seed, step
 
 
 def encode_gaps(indices: np.ndarray) -> bytes:

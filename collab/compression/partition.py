@@ -101,17 +101,23 @@ def assemble(
     layout: Layout,
     numel: int,
     template: CompressedMessage | None = None,
+    values: torch.Tensor | None = None,
 ) -> CompressedMessage:
     """The whole reduced message from its reduced parts (in part order).
 
     ``template`` (the local message) supplies the shared index list and seed for the ``shared`` layout.
+    ``values``: for the ``dense`` and ``shared`` layouts, the parts' values already joined (the caller
+    placed them there), used as they are.
     """
+    if values is None and layout in (Layout.DENSE, Layout.SHARED):
+        values = torch.cat([p.values for p in parts])
     if layout == Layout.DENSE:
-        return CompressedMessage(MessageKind.DENSE, numel, torch.cat([p.values for p in parts]))
+        assert values is not None
+        return CompressedMessage(MessageKind.DENSE, numel, values)
     if layout == Layout.SHARED:
         if template is None or template.indices is None:
             raise ValueError("shared layout needs the local message as template")
-        values = torch.cat([p.values for p in parts])
+        assert values is not None
         return CompressedMessage(
             MessageKind.SHARED, numel, values, template.indices, seed=template.seed, step=template.step
         )

@@ -39,7 +39,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+import numpy as np
+import torch
+
 from collab.compression import CompressedMessage, MessageFormatError, MessageKind, weighted_mean
+from collab.compression.message import DENSE_HEAD_BYTES
 from collab.compression.partition import Layout, assemble, bounds, check_part, layout_of, split
 from collab.compression.validate import finite_norm, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
@@ -54,6 +58,7 @@ from collab.swarm.transport import (
     Payloads,
     Received,
     RemoteError,
+    Sink,
     SwarmNode,
     TransportError,
     gather_all,
@@ -124,6 +129,14 @@ class _Reduced:
     message: CompressedMessage
     wire: list[bytes | memoryview]
     excluded: dict[int, str]
+
+
+@dataclass(frozen=True)
+class _Placed:
+    """A dense part's answer read in place: its header's bytes and its values, where they landed."""
+
+    head: bytearray
+    values: torch.Tensor
 
 
 @dataclass
@@ -430,8 +443,26 @@ class ExactReducer:
                     own.received.pop((i, remote))
             self._maybe_finish(own)
         samples: dict[int, float] = {}  # part -> the samples behind it, as its owner says
+        # dense parts' answers land in place in the aggregate's values (no per-part buffers to join)
+        values = torch.empty(message.count, dtype=torch.float32) if layout != Layout.SPARSE else None
+        spans = bounds(message.count, n)
+        heads: dict[int, bytearray] = {}  # part -> the header of its answer, where the values went in place
 
-        async def fetch(j: int) -> tuple[Received | CompressedMessage, dict[str, str], Statement]:
+        def sink_for(j: int) -> Sink | None:
+            if values is None:
+                return None
+            lo, hi = spans[j]
+            into = values[lo:hi].numpy().view(np.uint8).data
+
+            def sink(answer: Header, size: int) -> list[memoryview] | None:
+                if size != DENSE_HEAD_BYTES + into.nbytes:
+                    return None  # not a well-formed answer: read as it is, judged below
+                heads[j] = bytearray(DENSE_HEAD_BYTES)
+                return [memoryview(heads[j]), into]
+
+            return sink
+
+        async def fetch(j: int) -> tuple[Received | _Placed | CompressedMessage, dict[str, str], Statement]:
             if j == mine:  # the average this owner computed (the message its answers serialize)
                 assert own is not None
                 result = await self._await_result(own, size)
@@ -446,6 +477,7 @@ class ExactReducer:
                     parts[j].to_buffers(),
                     # the owner waits up to allreduce_timeout_s once our part is in: allow for the upload
                     timeout_s=times.part_call_s,
+                    sink=sink_for(j),
                 )
             except RemoteError as e:  # the owner answered: it is alive, the round failed elsewhere
                 raise RoundFailed(f"part {j}: {e}") from None
@@ -456,8 +488,14 @@ class ExactReducer:
             got = answer.get("samples")
             if isinstance(got, (int, float)) and not isinstance(got, bool) and math.isfinite(got):
                 samples[j] = float(got)
-            digest = await _digest(group.group_id, j, reduced, dropped)
-            return reduced, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
+            blob: Received | _Placed = reduced
+            wire: Payloads = reduced
+            if j in heads and not reduced:  # in place: the answer's header, then its values
+                assert values is not None
+                blob = _Placed(heads[j], values[spans[j][0] : spans[j][1]])
+                wire = [blob.head, blob.values.numpy().view(np.uint8).data]
+            digest = await _digest(group.group_id, j, wire, dropped)
+            return blob, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
 
         answers = await gather_all([fetch(j) for j in range(n)])
         reduced_parts, rms = [], {}
@@ -465,13 +503,14 @@ class ExactReducer:
             # Everyone receives these same bytes, so everyone takes the same decision on them.
             expected = (MessageKind.SPARSE,) if layout == Layout.SPARSE else (MessageKind.DENSE,)
             try:
-                part = (
-                    blob
-                    if isinstance(blob, CompressedMessage)
-                    else CompressedMessage.from_bytes(
+                if isinstance(blob, CompressedMessage):
+                    part = blob
+                elif isinstance(blob, _Placed):
+                    part = CompressedMessage.dense_from_pieces(blob.head, blob.values)
+                else:
+                    part = CompressedMessage.from_bytes(
                         blob, max_numel=message.numel, kinds=expected, share=True
                     )
-                )
                 check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])
                 rms[j] = finite_norm(part) / math.sqrt(max(1, part.count))
             except Exception as e:  # whatever the bytes provoke: the same verdict on every member
@@ -497,4 +536,8 @@ class ExactReducer:
         total = own.total_weight if own is not None else samples.get(0, 0.0)
         self.last_share = min(1.0, weight / total) if total > 0 else 0.0
         self.last_excluded = excluded_now
-        return assemble(reduced_parts, layout=layout, numel=message.numel, template=message)
+        if values is not None:  # the parts are in place but the ones not read there (this owner's, ...)
+            for (lo, hi), part in zip(spans, reduced_parts, strict=True):
+                if part.values.data_ptr() != values[lo:hi].data_ptr():
+                    values[lo:hi] = part.values
+        return assemble(reduced_parts, layout=layout, numel=message.numel, template=message, values=values)

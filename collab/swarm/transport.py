@@ -38,6 +38,9 @@ Payload = bytes | bytearray | memoryview  # what a frame carries (sent as is: no
 Payloads = Payload | Sequence[Payload]  # one payload, or its pieces in order
 Received = bytes | bytearray  # a payload as read (large ones: a writable buffer)
 Handler = Callable[[Header, Received, str], Awaitable[tuple[Header, Payloads]]]
+# where a caller wants an answer's payload: given the answer's header and payload size, the buffers to
+# fill in order (sizes summing to the payload's), or None for a buffer of the transport's own
+Sink = Callable[[Header, int], Sequence[memoryview] | None]
 
 MAX_HEADER_BYTES = 64 * 1024
 IO_SLICE = 1 << 18  # large payloads are written and read in slices of this many bytes
@@ -77,22 +80,36 @@ async def _read_payload(reader: asyncio.StreamReader, size: int) -> Received:
     if size <= IO_SLICE:
         return await reader.readexactly(size) if size else b""
     out = bytearray(size)
-    view, pos = memoryview(out), 0
-    while pos < size:
-        piece = await reader.read(min(size - pos, IO_SLICE))
-        if not piece:
-            raise asyncio.IncompleteReadError(bytes(view[:pos]), size)
-        view[pos : pos + len(piece)] = piece
-        pos += len(piece)
+    await _fill(reader, [memoryview(out)])
     return out
 
 
-async def _read_frame(reader: asyncio.StreamReader, max_payload: int) -> tuple[Header, Received, int]:
+async def _fill(reader: asyncio.StreamReader, views: Sequence[memoryview]) -> None:
+    """Read the next bytes into ``views``, one after the other, until all are full."""
+    done = 0
+    for view in views:
+        pos = 0
+        while pos < view.nbytes:
+            piece = await reader.read(min(view.nbytes - pos, IO_SLICE))
+            if not piece:
+                raise asyncio.IncompleteReadError(b"", done + view.nbytes)  # partial: not the bytes
+            view[pos : pos + len(piece)] = piece
+            pos += len(piece)
+        done += view.nbytes
+
+
+async def _read_frame(
+    reader: asyncio.StreamReader, max_payload: int, sink: Sink | None = None
+) -> tuple[Header, Received, int]:
+    """A frame; with ``sink`` its payload may go into the caller's buffers (then ``b""`` is returned)."""
     header, head_len, size = await _read_header(reader)
     if size > max_payload:
         raise TransportError(f"payload of {size} bytes exceeds the limit of {max_payload}")
-    payload = await _read_payload(reader, size)
-    return header, payload, 12 + head_len + size
+    views = sink(header, size) if sink is not None and size else None
+    if views is not None and sum(v.nbytes for v in views) == size:
+        await _fill(reader, [v.cast("B") for v in views])
+        return header, b"", 12 + head_len + size
+    return header, await _read_payload(reader, size), 12 + head_len + size
 
 
 _DRAIN_FACTOR = 8
@@ -272,7 +289,6 @@ class SwarmNode:
                 else:
                     payload = await asyncio.wait_for(_read_payload(reader, size), _payload_timeout(size))
                     self.bytes_received += size
-
                     try:
                         if self._verifier is not None:
                             self._verifier.verify(name, header, payload)
@@ -312,19 +328,22 @@ class SwarmNode:
         *,
         timeout_s: float,
         retries: int = 3,
+        sink: Sink | None = None,
     ) -> tuple[Header, Received]:
         """Send one frame to ``peer_key``'s handler ``name`` and return its answer frame.
 
         A stream that breaks off before any answer byte arrives is retried (``retries`` times): libp2p
         sometimes resets streams when it replaces a duplicate connection between two peers. Every handler
-        collab serves is idempotent, so a repeated request is harmless.
+        collab serves is idempotent, so a repeated request is harmless. With ``sink``, an answer whose
+        payload the sink takes is read straight into the sink's buffers and returned as ``b""`` (the
+        buffers may hold a partial answer when the call fails).
         """
         deadline = time.monotonic() + timeout_s
         for attempt in range(retries + 1):
             remaining = deadline - time.monotonic()
             try:
                 return await asyncio.wait_for(
-                    self._call(peer_key, name, header, payload), max(0.01, remaining)
+                    self._call(peer_key, name, header, payload, sink), max(0.01, remaining)
                 )
             except TimeoutError:
                 raise TransportError(
@@ -338,7 +357,7 @@ class SwarmNode:
         raise AssertionError("unreachable")
 
     async def _call(
-        self, peer_key: str, name: str, header: Header, payload: Payloads
+        self, peer_key: str, name: str, header: Header, payload: Payloads, sink: Sink | None
     ) -> tuple[Header, Received]:
         try:
             _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_key), name)
@@ -349,10 +368,8 @@ class SwarmNode:
                 header = self._signer.sign(name, peer_key, header, payload)
             sent = await _send_frame(writer, header, payload)
             self.bytes_sent += sent
-
-            out_header, out_payload, n = await _read_frame(reader, self.max_message_bytes)
+            out_header, out_payload, n = await _read_frame(reader, self.max_message_bytes, sink)
             self.bytes_received += n
-
         except asyncio.IncompleteReadError as e:
             if not e.partial:
                 raise _BrokenOff(f"call {name} to {peer_key[-6:]} broke off before any answer") from None

@@ -44,6 +44,18 @@ def test_payloads_in_pieces_and_slices_arrive_whole() -> None:
             assert bytes(answer) == data[size // 2 :] + b"|" + data[: size // 2], size
             assert header["writable"] == (size > IO_SLICE)  # large payloads land in a writable buffer
             assert b.bytes_sent - sent0 == a.bytes_received - received0 >= size
+        # an answer the caller's sink takes lands in the caller's buffers; one it does not, as usual
+        data = rng.integers(0, 256, 3 * IO_SLICE, dtype=np.uint8).tobytes()
+        head, body = bytearray(1), bytearray(len(data))  # the answer: data's second half, "|", first half
+
+        def sink(answer: Header, size: int) -> list[memoryview] | None:
+            return [memoryview(head), memoryview(body)] if size == 1 + len(data) else None
+
+        _, got = b.run(b.call(a.peer_key, "echo", {}, data, timeout_s=30, sink=sink), timeout_s=60)
+        half = len(data) // 2
+        assert got == b"" and bytes(head) + bytes(body) == data[half:] + b"|" + data[:half]
+        _, got = b.run(b.call(a.peer_key, "echo", {}, data[:-1], timeout_s=30, sink=sink), timeout_s=60)
+        assert len(got) == len(data)  # one byte short of what the sink takes: returned as usual
     finally:
         b.shutdown()
         a.shutdown()

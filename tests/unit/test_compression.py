@@ -142,6 +142,25 @@ def test_wire_pieces_join_to_the_bytes_and_shared_parsing_is_zero_copy(comp) -> 
     assert copied.to_bytes() == read_only.to_bytes() == data
 
 
+def test_a_dense_message_from_its_pieces() -> None:
+    from collab.compression.message import DENSE_HEAD_BYTES
+
+    msg = Identity().compress(_x(100, 1), seed=0, step=3)
+    data = msg.to_bytes()
+    values = torch.from_numpy(np.frombuffer(bytearray(data[DENSE_HEAD_BYTES:]), dtype="<f4"))
+    back = CompressedMessage.dense_from_pieces(data[:DENSE_HEAD_BYTES], values)
+    assert back.to_bytes() == data and back.values is values
+    sparse = TopK(ratio=0.1).compress(_x(100, 1), seed=0, step=3).to_bytes()
+    for head, vals in [
+        (data[: DENSE_HEAD_BYTES - 1], values),  # short header
+        (data[:DENSE_HEAD_BYTES], values[:-1]),  # fewer values than the header says
+        (sparse[:DENSE_HEAD_BYTES], values),  # not a dense message's header
+        (b"XX" + data[2:DENSE_HEAD_BYTES], values),  # bad magic
+    ]:
+        with pytest.raises(MessageFormatError):
+            CompressedMessage.dense_from_pieces(head, vals)
+
+
 def test_blocked_mean_and_norm_equal_the_whole_vector_formulas() -> None:
     """The average and the norm of large messages run block by block: the same bits as the formula over
     whole vectors (float64 zeros, each weighted add in order, one division, one rounding)."""
