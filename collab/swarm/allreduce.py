@@ -153,6 +153,8 @@ class _Slot:
     own: tuple[CompressedMessage, float] | None = None
     total_weight: float = 0.0  # the samples behind this part's average (valid members only)
     result: asyncio.Future[_Reduced] | None = None
+    averaging: bool = False  # every part is in: the average is being (or was) computed
+    averager: asyncio.Future[None] | None = None  # the task computing it off the event loop (large parts)
     statement: asyncio.Future[Statement] | None = None  # this owner's signed word on the result (one for all)
     created: float = field(default_factory=time.monotonic)
     timing: Timing | None = None  # the waits for this round's payload (set by the first call that knows it)
@@ -300,16 +302,58 @@ class ExactReducer:
         return part, weight, finite_norm(part)
 
     def _maybe_finish(self, slot: _Slot) -> None:
-        """Average once every member's part is in (or refused): validate, drop and ban offenders."""
+        """Average once every member's part is in (or refused): validate, drop and ban offenders. A large
+        part is validated and averaged on a worker thread: the event loop goes on moving this member's
+        own parts and answers meanwhile."""
         if slot.group is None or slot.params is None or slot.own is None or slot.result is None:
             return
-        if slot.result.done():
+        if slot.result.done() or slot.averaging:
             return
         n, me = len(slot.group), slot.member
         group = slot.group
         present = {i for i, remote in [*slot.received, *slot.refused] if self._is_member(group, i, remote)}
         if len(present | {me}) < n:
             return
+        slot.averaging = True
+        if 4 * slot.params.entries(slot.me) < MEASURED_ROUND_BYTES:
+            self._settle(slot, self._average(slot))
+            return
+
+        async def off_loop() -> None:
+            try:
+                outcome = await asyncio.to_thread(self._average, slot)
+            except Exception as e:  # a bug, not a peer's fault: the round fails, nobody is banned
+                assert slot.result is not None
+                if not slot.result.done():
+                    slot.result.set_exception(RoundFailed(f"averaging failed: {type(e).__name__}: {e}"))
+                    slot.result.exception()
+                return
+            self._settle(slot, outcome)
+
+        slot.averager = asyncio.ensure_future(off_loop())  # held: a task nobody holds may be collected
+
+    def _settle(self, slot: _Slot, outcome: tuple[_Reduced | None, dict[int, str], float]) -> None:
+        """Ban the members :meth:`_average` excluded and publish its result (unless the wait for the
+        parts ran out meanwhile)."""
+        assert slot.group is not None and slot.result is not None
+        reduced, excluded, total = outcome
+        for i, why in excluded.items():
+            if why != "banned":
+                self.bans.ban(slot.group.peers[i], why, slot.group.round_id)
+        if slot.result.done():
+            return
+        if reduced is None:  # every member tagged along: nothing to average (the same verdict everywhere)
+            slot.result.set_exception(RoundFailed("no member had samples in this round"))
+            slot.result.exception()  # retrieved: awaited by the member and the senders
+            return
+        slot.total_weight = total
+        slot.result.set_result(reduced)
+
+    def _average(self, slot: _Slot) -> tuple[_Reduced | None, dict[int, str], float]:
+        """The average of the valid parts (``None`` when no member had samples), the members excluded
+        (index -> reason) and the samples behind the average. Bans nobody, sets nothing: thread-safe."""
+        assert slot.group is not None and slot.own is not None
+        n, me, group = len(slot.group), slot.member, slot.group
         valid: dict[int, tuple[CompressedMessage, float]] = {me: slot.own}
         norms = {me: norm_of(slot.own[0])}
         excluded: dict[int, str] = {}
@@ -329,18 +373,13 @@ class ExactReducer:
         for i, why in outliers({i: norms[i] for i in counted}, ratio, trusted=me).items():
             excluded[i] = f"norm {why}"
         self._check_claims(group, me, counted, excluded)
-        for i, why in excluded.items():
+        for i in excluded:
             counted.pop(i, None)
-            if why != "banned":
-                self.bans.ban(slot.group.peers[i], why, slot.group.round_id)
         ordered = [counted[i] for i in sorted(counted)]
-        if not ordered:  # every member tagged along: nothing to average (the same verdict everywhere)
-            slot.result.set_exception(RoundFailed("no member had samples in this round"))
-            slot.result.exception()  # retrieved: awaited by the member and the senders
-            return
-        slot.total_weight = sum(w for _, w in ordered)
+        if not ordered:
+            return None, excluded, 0.0
         mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
-        slot.result.set_result(_Reduced(mean, mean.to_buffers(), excluded))
+        return _Reduced(mean, mean.to_buffers(), excluded), excluded, sum(w for _, w in ordered)
 
     async def _await_result(self, slot: _Slot, message_bytes: int) -> _Reduced:
         assert slot.result is not None

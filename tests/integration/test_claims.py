@@ -4,7 +4,7 @@ Three real peers form a group whose published bounds (rate and microbatch) allow
 round. A claims 10 (honest), B claims 25 (a device that got faster than it published: counted at 10,
 never banned), C claims 5000 (over ``max_weight_ratio`` times its bound: dropped and banned by every
 honest owner, and told why). A and B end with the same bytes, and A's part is the equal-weight mean of
-A's and B's parts.
+A's and B's parts. The same with parts of 2 MB, which owners validate and average on a worker thread.
 """
 
 from __future__ import annotations
@@ -22,15 +22,13 @@ from collab.swarm.allreduce import ExactReducer
 from collab.swarm.matchmaking import Group
 from collab.swarm.transport import SwarmNode
 
-NUMEL = 60
-
-
-def _msg(scale: float) -> CompressedMessage:
-    return CompressedMessage(MessageKind.DENSE, NUMEL, torch.linspace(-1, 1, NUMEL) * scale)
-
 
 @pytest.mark.timeout(120)
-def test_claims_over_the_published_bound_are_capped_or_banned() -> None:
+@pytest.mark.parametrize("numel", [60, 3 * 2**19])  # small parts; parts averaged off the event loop
+def test_claims_over_the_published_bound_are_capped_or_banned(numel: int) -> None:
+    def _msg(scale: float) -> CompressedMessage:
+        return CompressedMessage(MessageKind.DENSE, numel, torch.linspace(-1, 1, numel) * scale)
+
     cfg = SwarmConfig(allreduce_timeout_s=5.0, max_weight_ratio=100.0)
     a = SwarmNode()
     b = SwarmNode(initial_peers=a.visible_maddrs())
@@ -60,7 +58,7 @@ def test_claims_over_the_published_bound_are_capped_or_banned() -> None:
             assert honest.bans.is_banned(c.peer_key)
             assert not honest.bans.is_banned(a.peer_key) and not honest.bans.is_banned(b.peer_key)
         j = group.index_of(a.peer_key)
-        size = NUMEL // 3
+        size = numel // 3
         got = outs[0].values[j * size : (j + 1) * size]
         want = ((_msg(1.0).values + _msg(2.0).values) / 2)[j * size : (j + 1) * size]
         assert torch.allclose(got, want), "B's claim counts at its bound (10), like A's"
