@@ -43,7 +43,7 @@ Handler = Callable[[Header, Received, str], Awaitable[tuple[Header, Payloads]]]
 Sink = Callable[[Header, int], Sequence[memoryview] | None]
 
 MAX_HEADER_BYTES = 64 * 1024
-IO_SLICE = 1 << 18  # large payloads are written and read in slices of this many bytes
+IO_SLICE = 1 << 20  # large payloads are written and read in slices of this many bytes (at most)
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
 
 
