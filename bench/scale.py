@@ -1,6 +1,6 @@
 """100M-parameter rounds and state sync among 3 peers on loopback, against hivemind's averager.
 
-Usage: ``python bench/scale.py [--numel 100000000] [--peers 3] [--ratio 0.01]``
+Usage: ``python bench/scale.py [--numel 100000000] [--peers 3] [--ratio 0.01] [--repeat 3] [--no-memory]``
 
 Cases, one after the other, each in fresh peer processes (spawned; one DHT and p2pd each):
 
@@ -24,6 +24,7 @@ import argparse
 import gc
 import multiprocessing as mp
 import os
+import statistics
 import threading
 import time
 from pathlib import Path
@@ -288,6 +289,9 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.01)
     parser.add_argument("--cases", default="hivemind,dense,topk,sync", help="comma-separated subset")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory-sampled second runs")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timed runs of each case, interleaved; the median is reported"
+    )
     args = parser.parse_args()
 
     names = {
@@ -297,14 +301,24 @@ def main() -> None:
         "sync": "collab state sync (late joiner)",
     }
     names = {k: v for k, v in names.items() if k in args.cases.split(",")}
-    rows = {}
-    for case in names:  # timed without memory sampling, then sampled for memory (see PeakMemory)
-        timed = run_case(case, argparse.Namespace(**vars(args), sample=False))
-        sampled = timed if args.no_memory else run_case(case, argparse.Namespace(**vars(args), sample=True))
-        rows[case] = {**sampled, "time_s": timed["time_s"], "sampled_time_s": sampled["time_s"]}
+    rows: dict[str, dict[str, Any]] = {}
+    times: dict[str, list[float]] = {case: [] for case in names}
+    # timed without memory sampling, the cases interleaved run after run (this machine's speed drifts:
+    # each ratio compares runs of the same minutes), then each case once sampled for memory (PeakMemory)
+    for attempt in range(max(1, args.repeat)):
+        for case in names:
+            timed = run_case(case, argparse.Namespace(**vars(args), sample=False))
+            times[case].append(timed["time_s"])
+            rows.setdefault(case, timed)
+            print(f"run {attempt + 1}: {names[case]} {timed['time_s']:.2f} s", flush=True)
+    for case in names:
+        sampled = (
+            rows[case] if args.no_memory else run_case(case, argparse.Namespace(**vars(args), sample=True))
+        )
+        rows[case] = {**sampled, "time_s": statistics.median(times[case]), "times_s": times[case]}
         print(f"done: {names[case]} {rows[case]}", flush=True)
     base = rows.get("hivemind")
-    print(f"\n{args.peers} peers, {args.numel:,} fp32 values, loopback")
+    print(f"\n{args.peers} peers, {args.numel:,} fp32 values, loopback, median of {max(1, args.repeat)} runs")
     print(
         f"{'case':<34}{'time s':>8}{'MB/peer (lo)':>14}{'vs hivemind':>13}{'peak GB':>9}{'peak/data':>11}"
         f"{'growth/data':>13}{'MB/s':>8}"
@@ -318,10 +332,20 @@ def main() -> None:
             f"{r['growth_bytes'] / r['data_bytes']:>13.2f}{rate:>8}"
         )
     print(
-        "time: a run without memory sampling; peak: the largest peer's PSS over its process tree, from a "
-        "second run of the case sampled every 50 ms; growth: the most a peer's tree grew over its size "
-        "before it allocated the data (the vector of a round, the state of a sync)"
+        "time: the median of runs without memory sampling; peak: the largest peer's PSS over its process "
+        "tree, from one more run of the case sampled every 50 ms; growth: the most a peer's tree grew over "
+        "its size before it allocated the data (the vector of a round, the state of a sync)"
     )
+    for case, r in rows.items():
+        runs = ", ".join(f"{t:.2f}" for t in r["times_s"])
+        ratios = ""
+        if base and case not in (
+            "hivemind",
+            "sync",
+        ):  # run by run, against hivemind's run of the same minutes
+            each = [h / t for h, t in zip(base["times_s"], r["times_s"], strict=True)]
+            ratios = " (vs hivemind run by run: " + ", ".join(f"{x:.2f}x" for x in each) + ")"
+        print(f"{names[case]}: runs {runs} s{ratios}")
 
 
 if __name__ == "__main__":

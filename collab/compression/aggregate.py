@@ -38,11 +38,16 @@ def union_support(messages: Sequence[CompressedMessage]) -> torch.Tensor:
     return torch.unique(torch.cat(idx), sorted=True)
 
 
-def _blocked_mean(values: Sequence[torch.Tensor], weights: Sequence[float], total: float) -> torch.Tensor:
+def _blocked_mean(
+    values: Sequence[torch.Tensor], weights: Sequence[float], total: float, out: torch.Tensor | None
+) -> torch.Tensor:
     """``sum_i w_i * values_i / total`` for equally long vectors, block by block: every element is computed
     exactly as over the whole vectors at once (float64 zeros, each ``add_`` in order, divided, rounded
     once), but the float64 temporaries stay in cache instead of taking 8 bytes per value."""
-    out = torch.empty(values[0].numel(), dtype=torch.float32)
+    if out is None:
+        out = torch.empty(values[0].numel(), dtype=torch.float32)
+    elif out.dtype != torch.float32 or out.shape != values[0].shape:
+        raise ValueError("out must be a float32 vector as long as the messages' values")
     acc = torch.empty(min(MEAN_BLOCK, out.numel()), dtype=torch.float64)
     for lo in range(0, out.numel(), MEAN_BLOCK):
         hi = min(lo + MEAN_BLOCK, out.numel())
@@ -53,8 +58,13 @@ def _blocked_mean(values: Sequence[torch.Tensor], weights: Sequence[float], tota
     return out
 
 
-def weighted_mean(messages: Sequence[CompressedMessage], weights: Sequence[float]) -> CompressedMessage:
-    """``sum_i w_i * msg_i / sum_i w_i`` as a message, computed in a fixed order (see module docstring)."""
+def weighted_mean(
+    messages: Sequence[CompressedMessage], weights: Sequence[float], *, out: torch.Tensor | None = None
+) -> CompressedMessage:
+    """``sum_i w_i * msg_i / sum_i w_i`` as a message, computed in a fixed order (see module docstring).
+
+    ``out``: where the values go when the result is dense or shared (as long as the messages' values;
+    e.g. the caller's slice of a larger vector); ignored otherwise."""
     if not messages:
         raise ValueError("cannot average zero messages")
     if len(messages) != len(weights):
@@ -68,14 +78,14 @@ def weighted_mean(messages: Sequence[CompressedMessage], weights: Sequence[float
 
     if _same_shared_support(messages):
         first = messages[0]
-        values = _blocked_mean([m.values for m in messages], weights, total)
+        values = _blocked_mean([m.values for m in messages], weights, total, out)
         return CompressedMessage(
             MessageKind.SHARED, numel, values, first.indices, seed=first.seed, step=first.step
         )
 
     if all(m.kind == MessageKind.DENSE for m in messages):  # no index list to build (d int64s)
         return CompressedMessage(
-            MessageKind.DENSE, numel, _blocked_mean([m.values for m in messages], weights, total)
+            MessageKind.DENSE, numel, _blocked_mean([m.values for m in messages], weights, total, out)
         )
 
     support = union_support(messages)

@@ -153,6 +153,7 @@ class _Slot:
     own: tuple[CompressedMessage, float] | None = None
     total_weight: float = 0.0  # the samples behind this part's average (valid members only)
     result: asyncio.Future[_Reduced] | None = None
+    out: torch.Tensor | None = None  # where this owner's member wants the average's values (dense layouts)
     averaging: bool = False  # every part is in: the average is being (or was) computed
     averager: asyncio.Future[None] | None = None  # the task computing it off the event loop (large parts)
     statement: asyncio.Future[Statement] | None = None  # this owner's signed word on the result (one for all)
@@ -378,7 +379,7 @@ class ExactReducer:
         ordered = [counted[i] for i in sorted(counted)]
         if not ordered:
             return None, excluded, 0.0
-        mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered])
+        mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered], out=slot.out)
         return _Reduced(mean, mean.to_buffers(), excluded), excluded, sum(w for _, w in ordered)
 
     async def _await_result(self, slot: _Slot, message_bytes: int) -> _Reduced:
@@ -472,19 +473,21 @@ class ExactReducer:
             "weight": weight,
             "round": group.round_id,
         }
+        # dense parts' answers land in place in the aggregate's values (no per-part buffers to join), and
+        # so does this owner's own average
+        values = torch.empty(message.count, dtype=torch.float32) if layout != Layout.SPARSE else None
+        spans = bounds(message.count, n)
         own: _Slot | None = None
         if mine is not None:
             own = self._slot(group.group_id, mine)
             own.group, own.me, own.member, own.params = group, mine, sender, _Params.of(header)
             own.own = (parts[mine], weight)
+            own.out = None if values is None else values[spans[mine][0] : spans[mine][1]]
             for i, remote in list(own.received):  # parts that came before we knew the group
                 if not self._is_member(group, i, remote):
                     own.received.pop((i, remote))
             self._maybe_finish(own)
         samples: dict[int, float] = {}  # part -> the samples behind it, as its owner says
-        # dense parts' answers land in place in the aggregate's values (no per-part buffers to join)
-        values = torch.empty(message.count, dtype=torch.float32) if layout != Layout.SPARSE else None
-        spans = bounds(message.count, n)
         heads: dict[int, bytearray] = {}  # part -> the header of its answer, where the values went in place
 
         def sink_for(j: int) -> Sink | None:
