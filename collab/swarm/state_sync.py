@@ -234,20 +234,44 @@ class Partial:
             self._drop_bytes()
         return same and self.held > 0
 
-    def add(self, i: int, blob: bytes | bytearray, digest: str | None = None) -> None:
-        """Append chunk ``i``, checked against its digest (``digest``: ``chunk_digest(blob)``, when the
-        caller computed it already); raises :class:`StateRejected`."""
-        expected = min(self.chunk_bytes, self.size - i * self.chunk_bytes)
-        if len(blob) != expected or (digest or chunk_digest(blob)) != self.digests[i]:
-            raise StateRejected(f"chunk {i + 1} of {len(self.digests)} does not match its digest")
+    def allocate(self) -> None:
+        """Allocate the state's buffer (once per state; raises :class:`StateRejected` when it does not
+        fit in this machine's memory)."""
         if self._buffer is None:
             try:
                 self._buffer = torch.empty(self.size, dtype=torch.uint8).numpy().data
             except Exception:  # more than this machine can hold
                 raise StateRejected(f"no memory for a state of {self.size} bytes") from None
-        self._buffer[self.held : self.held + len(blob)] = blob
+
+    def place(self, i: int) -> memoryview:
+        """Where chunk ``i`` goes in the state's buffer (after :meth:`allocate`): the transport may read
+        the chunk straight into it; it counts as held only once :meth:`add` checked it."""
+        assert self._buffer is not None
+        lo = i * self.chunk_bytes
+        return self._buffer[lo : lo + min(self.chunk_bytes, self.size - lo)]
+
+    def add(
+        self,
+        i: int,
+        blob: bytes | bytearray | memoryview,
+        digest: str | None = None,
+        *,
+        in_place: bool = False,
+    ) -> None:
+        """Append chunk ``i`` (the next one), checked against its digest (``digest``: ``chunk_digest(blob)``,
+        when the caller computed it already); ``in_place``: ``blob`` is :meth:`place` ``(i)``, the chunk
+        was read there. Raises :class:`StateRejected`."""
+        expected = min(self.chunk_bytes, self.size - i * self.chunk_bytes)
+        if i * self.chunk_bytes != self.held:
+            raise StateRejected(f"chunk {i + 1} of {len(self.digests)} is out of order")
+        if len(blob) != expected or (digest or chunk_digest(blob)) != self.digests[i]:
+            raise StateRejected(f"chunk {i + 1} of {len(self.digests)} does not match its digest")
+        self.allocate()
+        place = self.place(i)
+        if not in_place:
+            place[:] = blob
         self.held += len(blob)
-        self._hashing = HASHER.submit(self.streamed.update, blob)
+        self._hashing = HASHER.submit(self.streamed.update, place)
 
     def hashed(self) -> StreamHash | None:
         """The state's hash over the chunks held, once the hashing thread has caught up (HASHER has one
@@ -330,15 +354,25 @@ def download_state(
     n = len(digests)
     # up to CHUNKS_IN_FLIGHT chunk calls at once: each chunk is checked (and hashed into the state's
     # hash) here while the next ones are on their way
-    calls: dict[int, concurrent.futures.Future[tuple[Received, str]]] = {}
+    calls: dict[int, concurrent.futures.Future[tuple[Received | memoryview, str, bool]]] = {}
 
-    async def fetch(i: int) -> tuple[Received, str]:
-        """Chunk ``i`` and its digest (computed on a DIGESTERS thread, as the chunk arrives)."""
+    partial.allocate()
+
+    async def fetch(i: int) -> tuple[Received | memoryview, str, bool]:
+        """Chunk ``i`` and its digest (computed on a DIGESTERS thread, as the chunk arrives). A chunk of
+        the expected size is read straight into its place in the state's buffer."""
+        place = partial.place(i)
+
+        def sink(answer: Header, size: int) -> list[memoryview] | None:
+            return [place] if size == place.nbytes else None
+
         # queued behind the calls ahead of it: each call gets their time too (a chunk still has to come
         # within state_wait_s of the one before it, as when chunks were fetched one at a time)
         call_s = CHUNKS_IN_FLIGHT * timing.state_call_s
-        _, blob = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=call_s)
-        return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob)
+        _, got = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=call_s, sink=sink)
+        in_place = not got and place.nbytes > 0
+        blob = place if in_place else got
+        return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob), in_place
 
     def ask(i: int) -> None:
         if i < n and i not in calls:
@@ -352,11 +386,11 @@ def download_state(
                 progress(i, n)
             pending_call = calls.pop(i)
             try:
-                blob, blob_digest = pending_call.result(timing.state_wait_s)
+                blob, blob_digest, in_place = pending_call.result(timing.state_wait_s)
             except Exception as e:  # unreachable, refused, too slow: this source failed, try another
                 pending_call.cancel()
                 raise StateRejected(f"download broke off at chunk {i + 1} of {n}: {e}") from None
-            partial.add(i, blob, blob_digest)
+            partial.add(i, blob, blob_digest, in_place=in_place)
     finally:
         for pending in calls.values():
             pending.cancel()
