@@ -180,7 +180,7 @@ class Agreement:
         coll = self._collection(str(header.get("group_id", ""))[:64])
         if remote not in coll.lists and len(coll.lists) >= MAX_LISTS:
             raise RuntimeError("too many confirmations for that group")
-        mine = _signed_list_shape(payload)
+        mine = _signed_list_shape(bytes(payload))
         if mine is None:
             raise RuntimeError("malformed confirmation")
         coll.lists.setdefault(remote, mine)  # a member's first word stands
@@ -242,7 +242,7 @@ class Agreement:
                     f"no confirmation from {collector[-6:]}: {e}", others, self.timing.unconfirmed_s
                 ) from None
             try:
-                lists = json.loads(payload)
+                lists = json.loads(bytes(payload))
             except ValueError:
                 lists = None
         try:

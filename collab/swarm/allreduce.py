@@ -53,6 +53,7 @@ from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
 from collab.swarm.transport import (
+    TAKEN,
     Header,
     Payload,
     Payloads,
@@ -333,6 +334,20 @@ class ExactReducer:
 
         slot.averager = asyncio.ensure_future(off_loop())  # held: a task nobody holds may be collected
 
+    def _release(self, slot: _Slot) -> None:
+        """The round is over for this member: let go of its parts, its message and its aggregate (the
+        slot itself stays a while, so late calls learn the round is over; every member still in the
+        round had its answers before this member could finish). Waits for an average in progress."""
+        if slot.averager is not None and not slot.averager.done():
+            slot.averager.add_done_callback(lambda _: self._release(slot))
+            return
+        slot.own, slot.out, slot.received = None, None, {}
+        if slot.result is not None and slot.result.done():
+            over = asyncio.get_running_loop().create_future()
+            over.set_exception(RoundFailed("the round is over"))
+            over.exception()  # retrieved: late callers read it
+            slot.result = over
+
     def _settle(self, slot: _Slot, outcome: tuple[_Reduced | None, dict[int, str], float]) -> None:
         """Ban the members :meth:`_average` excluded and publish its result (unless the wait for the
         parts ran out meanwhile)."""
@@ -439,6 +454,9 @@ class ExactReducer:
         try:
             return await self._reduce(group, message, weight, layout)
         finally:
+            for (group_id, _), slot in list(self._slots.items()):
+                if group_id == group.group_id and slot.group is not None:
+                    self._release(slot)
             moved = self.node.bytes_sent + self.node.bytes_received - moved0
             self._measure(message_size(message), moved, time.monotonic() - start)
 
@@ -532,7 +550,7 @@ class ExactReducer:
                 samples[j] = float(got)
             blob: Received | _Placed = reduced
             wire: Payloads = reduced
-            if j in heads and not reduced:  # in place: the answer's header, then its values
+            if reduced is TAKEN:  # in place: the answer's header, then its values
                 assert values is not None
                 blob = _Placed(heads[j], values[spans[j][0] : spans[j][1]])
                 wire = [blob.head, blob.values.numpy().view(np.uint8).data]

@@ -84,7 +84,7 @@ from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.records import AliveRecord, PeerStatus
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, Received, SwarmNode, TransportError
+from collab.swarm.transport import WIRE_PROTOCOL, Header, Received, SwarmNode, TransportError
 
 logger = logging.getLogger(__name__)
 
@@ -238,6 +238,9 @@ class Matchmaker:
         self.timing = Timing.of(cfg)
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self.config_version = config_version
+        # what a joiner and its leader compare: the config and the wire protocol (peers of two protocols
+        # in one group could not check each other's statements and would ban each other)
+        self._join_version = f"{config_version}/wire{WIRE_PROTOCOL}"
         self._rounds: dict[str, _Round] = {}
         self._suspects: dict[str, float] = {}
         self._failed_leaders: dict[str, float] = {}  # leaders whose groups kept failing with us: until
@@ -474,7 +477,7 @@ class Matchmaker:
                 {
                     "round": round_id,
                     "device_index": self.device_index,
-                    "version": self.config_version,
+                    "version": self._join_version,
                     "state_hash": self.state_hash(),
                     "wait_s": round(deadline - time.monotonic(), 3),
                     "avoid": self.bans.active_peers()[:MAX_AVOIDED],
@@ -670,8 +673,8 @@ class Matchmaker:
     async def _handle_join(self, header: Header, payload: Received, remote: str) -> tuple[Header, bytes]:
         round_id = str(header["round"])
         device_index = int(header["device_index"])
-        if header.get("version") != self.config_version:
-            return {"status": JoinStatus.CONFIG_MISMATCH.value, "version": self.config_version}, b""
+        if header.get("version") != self._join_version:
+            return {"status": JoinStatus.CONFIG_MISMATCH.value, "version": self._join_version}, b""
         if self.bans.is_banned(remote):
             return {"status": JoinStatus.BANNED.value}, b""
         r = self._round(round_id)

@@ -42,7 +42,7 @@ import torch
 from collab.methods.base import MethodState, StreamHash
 from collab.swarm.records import AliveRecord, progress_key
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, Payload, Received, SwarmNode, TransportError
+from collab.swarm.transport import TAKEN, Header, Payload, Received, SwarmNode, TransportError
 
 STATE = "collab.state"
 MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempts at one step)
@@ -372,7 +372,7 @@ def download_state(
         # within state_wait_s of the one before it, as when chunks were fetched one at a time)
         call_s = CHUNKS_IN_FLIGHT * timing.state_call_s
         _, got = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=call_s, sink=sink)
-        in_place = not got and place.nbytes > 0
+        in_place = got is TAKEN
         blob = place if in_place else got
         return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob), in_place
 

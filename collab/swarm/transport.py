@@ -18,6 +18,7 @@ import concurrent.futures
 import contextlib
 import json
 import logging
+import mmap
 import os
 import threading
 import time
@@ -36,12 +37,16 @@ T = TypeVar("T")
 Header = dict[str, Any]
 Payload = bytes | bytearray | memoryview  # what a frame carries (sent as is: no copy to frame it)
 Payloads = Payload | Sequence[Payload]  # one payload, or its pieces in order
-Received = bytes | bytearray  # a payload as read (large ones: a writable buffer)
+Received = bytes | memoryview  # a payload as read (large ones: a writable buffer)
 Handler = Callable[[Header, Received, str], Awaitable[tuple[Header, Payloads]]]
 # where a caller wants an answer's payload: given the answer's header and payload size, the buffers to
 # fill in order (sizes summing to the payload's), or None for a buffer of the transport's own
 Sink = Callable[[Header, int], Sequence[memoryview] | None]
+TAKEN = memoryview(b"")  # returned for a payload that went into the call's sink (compare with ``is``)
 
+# Bumped whenever peers of two versions could not complete a round together (3: BLAKE3 part digests
+# and state chunk digests); matchmaking keeps peers of different protocols out of each other's groups.
+WIRE_PROTOCOL = 3
 MAX_HEADER_BYTES = 64 * 1024
 IO_SLICE = 1 << 20  # large payloads are written and read in slices of this many bytes (at most)
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
@@ -76,11 +81,15 @@ async def _read_header(reader: asyncio.StreamReader) -> tuple[Header, int, int]:
 async def _read_payload(reader: asyncio.StreamReader, size: int) -> Received:
     """The next ``size`` bytes. A large payload is read piece by piece into one buffer allocated up front
     (writable: a receiver may keep views of it): never a stream buffer grown to the payload's size and
-    then copied out whole."""
+    then copied out whole. The buffer is anonymous memory that the kernel provides page by page as the
+    bytes land: a peer that announces a large payload and sends nothing holds no memory with it."""
     if size <= IO_SLICE:
         return await reader.readexactly(size) if size else b""
-    out = bytearray(size)
-    await _fill(reader, [memoryview(out)])
+    try:
+        out = memoryview(mmap.mmap(-1, size))
+    except (OSError, ValueError, OverflowError, MemoryError) as e:
+        raise TransportError(f"cannot hold a payload of {size} bytes: {e}") from None
+    await _fill(reader, [out])
     return out
 
 
@@ -91,8 +100,8 @@ async def _fill(reader: asyncio.StreamReader, views: Sequence[memoryview]) -> No
         pos = 0
         while pos < view.nbytes:
             piece = await reader.read(min(view.nbytes - pos, IO_SLICE))
-            if not piece:
-                raise asyncio.IncompleteReadError(b"", done + view.nbytes)  # partial: not the bytes
+            if not piece:  # broken off in the payload: not a call to retry (bytes of the answer came)
+                raise TransportError(f"the stream broke off after {done + pos} bytes of the payload")
             view[pos : pos + len(piece)] = piece
             pos += len(piece)
         done += view.nbytes
@@ -101,14 +110,15 @@ async def _fill(reader: asyncio.StreamReader, views: Sequence[memoryview]) -> No
 async def _read_frame(
     reader: asyncio.StreamReader, max_payload: int, sink: Sink | None = None
 ) -> tuple[Header, Received, int]:
-    """A frame; with ``sink`` its payload may go into the caller's buffers (then ``b""`` is returned)."""
+    """A frame; with ``sink`` its payload may go into the caller's buffers (then :data:`TAKEN` is
+    returned in its place)."""
     header, head_len, size = await _read_header(reader)
     if size > max_payload:
         raise TransportError(f"payload of {size} bytes exceeds the limit of {max_payload}")
     views = sink(header, size) if sink is not None and size else None
     if views is not None and sum(v.nbytes for v in views) == size:
         await _fill(reader, [v.cast("B") for v in views])
-        return header, b"", 12 + head_len + size
+        return header, TAKEN, 12 + head_len + size
     return header, await _read_payload(reader, size), 12 + head_len + size
 
 
@@ -135,12 +145,16 @@ def _frame_head(header: Header, payload_len: int) -> bytes:
     return len(head).to_bytes(4, "little") + head + payload_len.to_bytes(8, "little")
 
 
+def _pieces(payload: Payloads) -> Sequence[Payload]:
+    return [payload] if isinstance(payload, Payload) else payload
+
+
 async def _send_frame(writer: asyncio.StreamWriter, header: Header, payload: Payloads) -> int:
     """Write one frame and drain it; returns its length. ``payload`` may be several pieces, sent one after
     the other (never joined into a copy), and large pieces go out in slices: the transport copies what
     the socket does not take at once into its buffer, so a whole payload written at once would be copied
     whole."""
-    pieces = [memoryview(p).cast("B") for p in ([payload] if isinstance(payload, Payload) else payload)]
+    pieces = [memoryview(p).cast("B") for p in _pieces(payload)]
     size = sum(p.nbytes for p in pieces)
     head = _frame_head(header, size)
     writer.write(head)
@@ -301,7 +315,11 @@ class SwarmNode:
                             "%s: handler %s failed for %s: %s", self.peer_key[-6:], name, remote[-6:], e
                         )
                         out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
-                sent = await _send_frame(writer, out_header, out_payload)
+                # bounded: a caller that never reads its answer must not hold it (and this task) forever
+                out_size = sum(memoryview(p).nbytes for p in _pieces(out_payload))
+                sent = await asyncio.wait_for(
+                    _send_frame(writer, out_header, out_payload), _payload_timeout(out_size)
+                )
                 self.bytes_sent += sent
                 # drain() only handed the frame to p2pd: closing now may cut a large answer off on its way
                 # (seen: an 8 MiB state chunk broke off after 7 MB). The caller closes once it has read it.
@@ -335,8 +353,8 @@ class SwarmNode:
         A stream that breaks off before any answer byte arrives is retried (``retries`` times): libp2p
         sometimes resets streams when it replaces a duplicate connection between two peers. Every handler
         collab serves is idempotent, so a repeated request is harmless. With ``sink``, an answer whose
-        payload the sink takes is read straight into the sink's buffers and returned as ``b""`` (the
-        buffers may hold a partial answer when the call fails).
+        payload the sink takes is read straight into the sink's buffers and returned as :data:`TAKEN`
+        (the buffers may hold a partial answer when the call fails; every try asks the sink again).
         """
         deadline = time.monotonic() + timeout_s
         for attempt in range(retries + 1):

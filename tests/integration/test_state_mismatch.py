@@ -48,6 +48,29 @@ def test_leader_refuses_a_joiner_with_another_state() -> None:
 
 
 @pytest.mark.timeout(120)
+def test_peers_of_another_wire_protocol_never_group() -> None:
+    """Same config, another wire protocol (e.g. an older collab with other part digests): the two would
+    check each other's statements against different digests and ban each other. Neither joins the other."""
+    cfg = SwarmConfig(min_group_size=2, min_matchmaking_time_s=0.5, matchmaking_timeout_s=3.0)
+    a = SwarmNode()
+    b = SwarmNode(initial_peers=a.visible_maddrs())
+    try:
+        makers = {}
+        for node, device in ((a, 0), (b, 1)):
+            mm = Matchmaker(node=node, run_id="wire", cfg=cfg, device_index=device, config_version="v")
+            training = AliveRecord(step=3, status=PeerStatus.TRAINING)
+            mm.alive_peers = {a.peer_key: training, b.peer_key: training}
+            makers[node.peer_key] = mm
+        makers[b.peer_key]._join_version = "v/wire2"  # what an older peer compares
+        outcome = a.run(_gather(a, b, makers), timeout_s=30)
+        assert all(isinstance(o, RoundFailed) for o in outcome), outcome  # no group of two formed
+        assert any("runs config v/wire" in str(o) for o in outcome), outcome  # the joiner was told why
+    finally:
+        b.shutdown()
+        a.shutdown()
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize(
     ("round_id", "ours", "theirs", "learned"),
     [

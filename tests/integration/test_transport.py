@@ -12,14 +12,15 @@ import hashlib
 import numpy as np
 import pytest
 
-from collab.swarm.transport import IO_SLICE, Header, Payloads, Received, SwarmNode
+from collab.swarm.transport import IO_SLICE, TAKEN, Header, Payloads, Received, SwarmNode
 
 
 async def _echo(header: Header, payload: Received, remote: str) -> tuple[Header, Payloads]:
     digest = hashlib.sha256(payload).hexdigest()
     half = len(payload) // 2
     view = memoryview(payload)
-    return {"sha": digest, "writable": isinstance(payload, bytearray)}, [view[half:], b"|", view[:half]]
+    writable = isinstance(payload, memoryview) and not payload.readonly
+    return {"sha": digest, "writable": writable}, [view[half:], b"|", view[:half]]
 
 
 @pytest.mark.timeout(120)
@@ -53,9 +54,12 @@ def test_payloads_in_pieces_and_slices_arrive_whole() -> None:
 
         _, got = b.run(b.call(a.peer_key, "echo", {}, data, timeout_s=30, sink=sink), timeout_s=60)
         half = len(data) // 2
-        assert got == b"" and bytes(head) + bytes(body) == data[half:] + b"|" + data[:half]
+        assert got is TAKEN and bytes(head) + bytes(body) == data[half:] + b"|" + data[:half]
         _, got = b.run(b.call(a.peer_key, "echo", {}, data[:-1], timeout_s=30, sink=sink), timeout_s=60)
         assert len(got) == len(data)  # one byte short of what the sink takes: returned as usual
+        # an empty answer is an empty answer, not one the sink took
+        _, got = b.run(b.call(a.peer_key, "echo", {}, b"", timeout_s=30, sink=sink), timeout_s=60)
+        assert got is not TAKEN and bytes(got) == b"|"
     finally:
         b.shutdown()
         a.shutdown()
