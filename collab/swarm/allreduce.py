@@ -452,13 +452,17 @@ class ExactReducer:
         """
         start, moved0 = time.monotonic(), self.node.bytes_sent + self.node.bytes_received
         try:
-            return await self._reduce(group, message, weight, layout)
+            mean = await self._reduce(group, message, weight, layout)
         finally:
-            for (group_id, _), slot in list(self._slots.items()):
-                if group_id == group.group_id and slot.group is not None:
-                    self._release(slot)
             moved = self.node.bytes_sent + self.node.bytes_received - moved0
             self._measure(message_size(message), moved, time.monotonic() - start)
+        # Committed: every member still in the round had its answers before this one could confirm. (A
+        # failed round keeps its slots as they are until they expire: its owner part may still be
+        # averaged and answered for the others.)
+        for (group_id, _), slot in list(self._slots.items()):
+            if group_id == group.group_id and slot.group is not None:
+                self._release(slot)
+        return mean
 
     async def _reduce(
         self, group: Group, message: CompressedMessage, weight: float, layout: Layout | str | None
