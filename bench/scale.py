@@ -21,7 +21,6 @@ the data a peer holds (the round's vector, or the state) and to hivemind, measur
 from __future__ import annotations
 
 import argparse
-import gc
 import multiprocessing as mp
 import os
 import statistics
@@ -124,7 +123,6 @@ def _round_worker(
             request_timeout=2.0,
             start=True,
         )
-        gc.freeze()  # as a collab volunteer does once it is set up (peers/join.py)
         barrier.wait()
         t0 = time.perf_counter()
         result = avg.step(timeout=600)
@@ -154,7 +152,6 @@ def _round_worker(
     x = torch.randn(args.numel, generator=torch.Generator().manual_seed(index))
     comp = Identity() if case == "dense" else TopK(ratio=args.ratio)
     msg = comp.compress(x, seed=1, step=0)
-    gc.freeze()  # as a collab volunteer does once it is set up (peers/join.py)
     barrier.wait()
     t0 = time.perf_counter()
     agg.reduce(RoundKey(0, case), [Contribution(msg)], server=lambda s: s)

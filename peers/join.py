@@ -10,7 +10,6 @@ never half applied, and a local checkpoint is written atomically (--checkpoint);
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import logging
 import signal
@@ -246,9 +245,6 @@ def _train(args: argparse.Namespace, cfg: RunConfig, initial_peers: list[str], d
             return EXIT_BAD_INPUT
         if args.resume:
             _resume(volunteer, args.checkpoint)
-        # what exists now (imports, the model, the node) lives as long as the run: keep the collector's
-        # full passes from walking it again and again (at 100M values a round's buffers trigger many)
-        gc.freeze()
         stop = volunteer.stop_event
 
         def on_signal(signum: int, frame: Any) -> None:
