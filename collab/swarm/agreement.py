@@ -52,7 +52,15 @@ from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group, LeftBehind
 from collab.swarm.timing import Timing
-from collab.swarm.transport import Header, Payload, Payloads, Received, RemoteError, SwarmNode, TransportError
+from collab.swarm.transport import (
+    Header,
+    Payloads,
+    Received,
+    RemoteError,
+    SwarmNode,
+    TransportError,
+    pieces_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -78,7 +86,7 @@ def part_digest(group_id: str, j: int, wire: Payloads, excluded: Mapping[str, st
     hundreds of MB.)"""
     h = blake3.blake3(_DOMAIN + f"{group_id}|{j}|".encode())
     h.update(json.dumps(sorted((str(k), str(v)) for k, v in excluded.items())).encode())
-    for piece in [wire] if isinstance(wire, Payload) else wire:
+    for piece in pieces_of(wire):
         h.update(piece)
     return h.hexdigest()
 

@@ -55,7 +55,6 @@ from collab.swarm.timing import Timing
 from collab.swarm.transport import (
     TAKEN,
     Header,
-    Payload,
     Payloads,
     Received,
     RemoteError,
@@ -63,6 +62,7 @@ from collab.swarm.transport import (
     SwarmNode,
     TransportError,
     gather_all,
+    pieces_of,
 )
 
 logger = logging.getLogger(__name__)
@@ -76,8 +76,7 @@ UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer ha
 async def _digest(group_id: str, j: int, wire: Payloads, dropped: Mapping[str, str]) -> str:
     """:func:`part_digest`, on a worker thread when the part is large (hashlib releases the GIL): the
     event loop keeps moving the round's other bytes meanwhile."""
-    pieces = [wire] if isinstance(wire, Payload) else wire
-    if sum(memoryview(piece).nbytes for piece in pieces) < MEASURED_ROUND_BYTES:
+    if sum(memoryview(piece).nbytes for piece in pieces_of(wire)) < MEASURED_ROUND_BYTES:
         return part_digest(group_id, j, wire, dropped)
     return await asyncio.to_thread(part_digest, group_id, j, wire, dropped)
 

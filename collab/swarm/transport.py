@@ -145,7 +145,8 @@ def _frame_head(header: Header, payload_len: int) -> bytes:
     return len(head).to_bytes(4, "little") + head + payload_len.to_bytes(8, "little")
 
 
-def _pieces(payload: Payloads) -> Sequence[Payload]:
+def pieces_of(payload: Payloads) -> Sequence[Payload]:
+    """A payload's pieces in order (one payload is one piece)."""
     return [payload] if isinstance(payload, Payload) else payload
 
 
@@ -154,7 +155,7 @@ async def _send_frame(writer: asyncio.StreamWriter, header: Header, payload: Pay
     the other (never joined into a copy), and large pieces go out in slices: the transport copies what
     the socket does not take at once into its buffer, so a whole payload written at once would be copied
     whole."""
-    pieces = [memoryview(p).cast("B") for p in _pieces(payload)]
+    pieces = [memoryview(p).cast("B") for p in pieces_of(payload)]
     size = sum(p.nbytes for p in pieces)
     head = _frame_head(header, size)
     writer.write(head)
@@ -316,7 +317,7 @@ class SwarmNode:
                         )
                         out_header, out_payload = {"error": f"{type(e).__name__}: {e}"}, b""
                 # bounded: a caller that never reads its answer must not hold it (and this task) forever
-                out_size = sum(memoryview(p).nbytes for p in _pieces(out_payload))
+                out_size = sum(memoryview(p).nbytes for p in pieces_of(out_payload))
                 sent = await asyncio.wait_for(
                     _send_frame(writer, out_header, out_payload), _payload_timeout(out_size)
                 )
