@@ -1,8 +1,9 @@
 """A volunteer that dies in the middle of a round: a real ``collab join`` that, in round ``ROUND`` (e.g.
-``12.delta``; ``first.delta``: the first round of that phase it takes part in), sends its parts and then
-SIGKILLs its whole process group - itself, its DHT and p2pd - before the results come back; from the moment
-that round begins it never answers a part call again (as a machine that went down). Everything else is the
-unmodified peer. Only tests start this (torchft-style ``fail_at(peer, step)``).
+``12.delta``; ``first.delta``: the first round of that phase it takes part in), sends its parts and, once
+another member's part has reached it (so that member is in the round too), SIGKILLs its whole process
+group - itself, its DHT and p2pd - before the results come back; from the moment that round begins it never
+answers a part call again (as a machine that went down). Everything else is the unmodified peer. Only
+tests start this (torchft-style ``fail_at(peer, step)``).
 
 ``python -m tests.integration.dying_peer ROUND JOIN-ARGS...``
 """
@@ -27,6 +28,7 @@ def main(argv: Sequence[str]) -> int:
     honest_reduce = allreduce.ExactReducer.reduce
     honest_handle = allreduce.ExactReducer._handle_part
     dying = asyncio.Event()
+    arrived: set[object] = set()  # rounds some other member has sent this peer a part for
 
     first = fail_round.startswith("first.")
 
@@ -36,16 +38,26 @@ def main(argv: Sequence[str]) -> int:
         return round_id == fail_round
 
     async def handle_part(self: allreduce.ExactReducer, header: Any, payload: bytes, remote: str) -> Any:
+        arrived.add(header.get("round"))
         if dying.is_set() or (not first and fatal(header.get("round"))):
             await asyncio.sleep(3600)  # about to die: never answer
-        return await honest_handle(self, header, payload, remote)
+        answer = await honest_handle(self, header, payload, remote)
+        if dying.is_set():  # a part that came before the round began here: its answer never leaves either
+            await asyncio.sleep(3600)  # (on a fast machine a tiny round completes within the 50 ms below)
+        return answer
 
     async def reduce(self: allreduce.ExactReducer, group: Any, *args: Any, **kwargs: Any) -> Any:
         if not fatal(group.round_id):
             return await honest_reduce(self, group, *args, **kwargs)
         dying.set()
         task = asyncio.ensure_future(honest_reduce(self, group, *args, **kwargs))
-        await asyncio.sleep(0.05)  # parts are on their way; the answers are not back yet
+        # die only once another member is in the round (it sent us its part): dying before anyone learnt
+        # of the group would break nobody's round but ours
+        for _ in range(1000):
+            if group.round_id in arrived:
+                break
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.05)  # our parts are on their way; the answers are not back yet
         logger.warning("fault injection: killing this peer in the middle of round %s", group.round_id)
         os.killpg(os.getpgrp(), signal.SIGKILL)
         return await task
