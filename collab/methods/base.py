@@ -238,6 +238,11 @@ class MethodState:
         computed over these very bytes (:class:`StreamHash` of the serialization they were read from)."""
         self._hash_cache = (self._fingerprint(), digest)
 
+    def fingerprint(self) -> object:
+        """What identifies these exact bytes cheaply: the step and each tensor's object, memory and
+        in-place write counter (torch's ``_version``). Equal fingerprints: the same bytes."""
+        return self._fingerprint()
+
     def _fingerprint(self) -> object:
         tensors = sorted(self.tensors().items())
         return (self.step, tuple((n, id(t), t.data_ptr(), t._version, t.shape, t.dtype) for n, t in tensors))
@@ -250,13 +255,18 @@ class MethodState:
         self._serial_fill(torch.frombuffer(out, dtype=torch.uint8), head, tensors)
         return out
 
-    def to_view(self) -> memoryview:
-        """The bytes of :meth:`to_bytes` in memory that is not zeroed first (about twice as fast for a
-        large state): for a reader of the bytes, such as a state server's snapshot."""
+    def to_pieces(self) -> list[memoryview]:
+        """The bytes of :meth:`to_bytes` as pieces in order, without copying the state: the header, then
+        each tensor's float32 bytes in place (a tensor that is not fp32, contiguous and on the CPU is
+        converted first). The pieces hold the tensors and read whatever they hold: they are this state's
+        serialization only while :meth:`fingerprint` is unchanged."""
         head, tensors = self._serial_head()
-        out = torch.empty(len(head) + sum(4 * t.numel() for _, t in tensors), dtype=torch.uint8)
-        self._serial_fill(out, head, tensors)
-        return out.numpy().data
+        pieces = [memoryview(head)]
+        for _, t in tensors:
+            if t.numel():
+                flat = t.detach().to(device="cpu", dtype=torch.float32).contiguous().reshape(-1)
+                pieces.append(flat.numpy().data.cast("B"))
+        return pieces
 
     def _serial_head(self) -> tuple[bytes, list[tuple[str, torch.Tensor]]]:
         tensors = sorted(self.tensors().items())

@@ -42,7 +42,7 @@ import torch
 from collab.methods.base import MethodState, StreamHash
 from collab.swarm.records import AliveRecord, progress_key
 from collab.swarm.timing import Timing
-from collab.swarm.transport import TAKEN, Header, Payload, Received, SwarmNode, TransportError
+from collab.swarm.transport import TAKEN, Header, Payloads, Received, SwarmNode, TransportError
 
 STATE = "collab.state"
 MAX_ASKED_ROUNDS = 16  # group ids a requester may ask about (its failed attempts at one step)
@@ -92,40 +92,63 @@ def asked_rounds(header: Mapping[str, object]) -> list[str]:
     return [r for r in rounds[:MAX_ASKED_ROUNDS] if isinstance(r, str) and len(r) <= 64]
 
 
-def chunk_digest(data: bytes | bytearray | memoryview) -> str:
+def chunk_digest(data: bytes | bytearray | memoryview | Sequence[memoryview]) -> str:
     """A chunk's digest in a manifest: BLAKE3 (about 2.5x sha256's speed here, and it releases the GIL
-    too), 128 bits in hex. The state as a whole is still named by its sha256 (``MethodState.hash``)."""
-    return blake3.blake3(data).hexdigest(length=16)
+    too), 128 bits in hex, of its bytes or of its pieces in order. The state as a whole is still named by
+    its sha256 (``MethodState.hash``)."""
+    h = blake3.blake3()
+    for piece in [data] if isinstance(data, (bytes, bytearray, memoryview)) else data:
+        h.update(piece)
+    return h.hexdigest(length=16)
+
+
+def _cut(pieces: Sequence[memoryview], lo: int, hi: int) -> list[memoryview]:
+    """Bytes ``lo:hi`` of the concatenation of ``pieces``, as views into them."""
+    out, start = [], 0
+    for piece in pieces:
+        end = start + piece.nbytes
+        if end > lo and start < hi:
+            out.append(piece[max(lo - start, 0) : min(hi, end) - start])
+        start = end
+    return out
 
 
 @dataclass
 class Snapshot:
-    """One serialized state as a server hands it out in chunks."""
+    """One state as a server hands it out in chunks: its serialization as pieces in place (the header,
+    then each tensor's bytes: never a copy of the state) and a digest per chunk. ``unchanged()``: the
+    state's tensors still hold those bytes (no in-place write since)."""
 
     step: int
     hash: str
-    blob: bytes | bytearray | memoryview
+    pieces: list[memoryview]
     chunk_bytes: int
     digests: list[str]
+    unchanged: Callable[[], bool] = lambda: True
 
-    def chunk(self, i: int) -> memoryview:
-        """Chunk ``i``'s bytes, in place (the blob never changes while kept)."""
-        return memoryview(self.blob)[i * self.chunk_bytes : (i + 1) * self.chunk_bytes]
+    @property
+    def size(self) -> int:
+        return sum(p.nbytes for p in self.pieces)
+
+    def chunk(self, i: int) -> list[memoryview]:
+        """Chunk ``i``'s bytes, in place."""
+        return _cut(self.pieces, i * self.chunk_bytes, (i + 1) * self.chunk_bytes)
 
     def manifest(self) -> dict[str, object]:
         """The manifest's fields (the server adds run and method); the first chunk goes with it."""
         return {
             "step": self.step,
             "hash": self.hash,
-            "size": len(self.blob),
+            "size": self.size,
             "chunk_bytes": self.chunk_bytes,
             "chunks": self.digests,
         }
 
 
 class Snapshots:
-    """The serialized states a server hands out (the latest :data:`KEPT_SNAPSHOTS`, by hash): a download
-    reads every chunk from the same bytes while the server's state moves on. Serialized once per state."""
+    """The states a server hands out (the latest :data:`KEPT_SNAPSHOTS`, by hash): a download reads every
+    chunk from the same state while the server trains on (a step makes new tensors; a state changed in
+    place since is gone, and the requester starts over from a manifest). Digested once per state."""
 
     def __init__(self, chunk_bytes: int) -> None:
         self.chunk_bytes = chunk_bytes
@@ -134,25 +157,28 @@ class Snapshots:
     def of(self, state: MethodState) -> Snapshot:
         digest = state.hash()
         snap = self._kept.pop(digest, None)
-        if snap is None:
-            blob = state.to_view()
-            size = max(self.chunk_bytes, math.ceil(len(blob) / MAX_CHUNKS))
-            # hashed in place (slices of the view are not copies), on every core
-            digests = list(
-                DIGESTERS.map(chunk_digest, [blob[i : i + size] for i in range(0, len(blob), size)])
+        if snap is None or not snap.unchanged():
+            pieces = state.to_pieces()
+            total = sum(p.nbytes for p in pieces)
+            size = max(self.chunk_bytes, math.ceil(total / MAX_CHUNKS))
+            # hashed in place, on every core
+            chunks = [_cut(pieces, lo, lo + size) for lo in range(0, total, size)]
+            digests = list(DIGESTERS.map(chunk_digest, chunks))
+            fingerprint = state.fingerprint()
+            snap = Snapshot(
+                state.step, digest, pieces, size, digests, lambda: state.fingerprint() == fingerprint
             )
-            snap = Snapshot(state.step, digest, blob, size, digests)
         self._kept[digest] = snap  # newest last
         while len(self._kept) > KEPT_SNAPSHOTS:
             self._kept.pop(next(iter(self._kept)))
         return snap
 
-    def chunk(self, header: Mapping[str, object]) -> tuple[dict[str, object], memoryview]:
+    def chunk(self, header: Mapping[str, object]) -> tuple[dict[str, object], list[memoryview]]:
         """The answer to a chunk call (``hash``, ``chunk``): the chunk's bytes, or an error when this
         server no longer holds that state (the requester starts over from a manifest)."""
         digest, i = header.get("hash"), header.get("chunk")
         snap = self._kept.get(digest) if isinstance(digest, str) else None
-        if snap is None:
+        if snap is None or not snap.unchanged():
             raise LookupError("that state is gone here (the peer moved on)")
         if not isinstance(i, int) or not 0 <= i < len(snap.digests):
             raise ValueError(f"no chunk {i!r} in a state of {len(snap.digests)} chunks")
@@ -180,7 +206,7 @@ class StateServer:
         self.snapshots = Snapshots(chunk_bytes)
         node.serve(STATE, self._handle)
 
-    async def _handle(self, header: Header, payload: Received, remote: str) -> tuple[Header, Payload]:
+    async def _handle(self, header: Header, payload: Received, remote: str) -> tuple[Header, Payloads]:
         if self.banned(remote):
             raise PermissionError("banned from this run")
         if "chunk" in header:

@@ -83,9 +83,9 @@ def test_every_chunk_is_checked_as_it_arrives() -> None:
         server = _serve(bad, state)
         _serve(good, state)
         snap = server.snapshots.of(state)  # the bytes it will serve: one flipped in the third chunk
-        blob = bytearray(snap.blob)
+        blob = bytearray(b"".join(snap.pieces))
         blob[2 * CHUNK + 100] ^= 0xFF
-        snap.blob = bytes(blob)
+        snap.pieces = [memoryview(bytes(blob))]
 
         partial = Partial()
         with pytest.raises(StateRejected, match=r"chunk 3 of \d+ does not match its digest"):
@@ -124,6 +124,30 @@ def test_a_state_that_moved_on_is_downloaded_afresh() -> None:
         wrong = StateSource(config_version="other", method="masha2", timing=SOURCE.timing)
         with pytest.raises(StateRejected, match="another config"):
             download_state(client, server.peer_key, wrong)
+    finally:
+        server.shutdown()
+        client.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_state_changed_in_place_is_never_served_stale() -> None:
+    """A server hands out chunks from the state's own tensors (no copy): once they are written in place,
+    that state is gone there, and the next download gets the state as it is now."""
+    state = _state()
+    assert b"".join(state.to_pieces()) == bytes(state.to_bytes())
+    client = SwarmNode()
+    server = SwarmNode(initial_peers=client.visible_maddrs())
+    try:
+        _serve(server, state)
+
+        def write(held: int, total: int) -> None:
+            if held == 3:  # "z" is serialized last: its chunks are not asked for yet
+                state.z.add_(1.0)
+
+        with pytest.raises(StateRejected, match="gone"):
+            download_state(client, server.peer_key, SOURCE, partial=Partial(), progress=write)
+        got = download_state(client, server.peer_key, SOURCE).state
+        assert got.hash() == state.hash() and torch.equal(got.z, state.z)
     finally:
         server.shutdown()
         client.shutdown()
