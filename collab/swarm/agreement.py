@@ -51,7 +51,7 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 from collab.methods.base import RoundFailed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group, LeftBehind
-from collab.swarm.timing import Timing
+from collab.swarm.timing import PRUNE_EVERY_S, Timing
 from collab.swarm.transport import (
     Header,
     Payloads,
@@ -130,6 +130,7 @@ class Agreement:
         self._key = Ed25519PrivateKey.generate()
         self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
         self._collections: dict[str, _Collection] = {}  # group id -> the lists, as that round's collector
+        self._pruned_at = 0.0  # when old collections were last dropped
         node.serve(CONFIRM, self._handle, max_payload=MAX_CONFIRM_BYTES)
 
     # ---- statements ---------------------------------------------------------------------------------
@@ -154,8 +155,10 @@ class Agreement:
         if coll is None:
             coll = self._collections[group_id] = _Collection(asyncio.get_running_loop().create_future())
             now = time.monotonic()
-            for old in [g for g, c in self._collections.items() if now - c.created > self._horizon_s(c)]:
-                self._collections.pop(old, None)
+            if now - self._pruned_at >= PRUNE_EVERY_S:
+                self._pruned_at = now
+                for old in [g for g, c in self._collections.items() if now - c.created > self._horizon_s(c)]:
+                    self._collections.pop(old, None)
         return coll
 
     def _horizon_s(self, coll: _Collection) -> float:

@@ -51,7 +51,7 @@ from collab.methods.base import RoundFailed
 from collab.swarm.agreement import Agreement, Statement, part_digest
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
-from collab.swarm.timing import Timing
+from collab.swarm.timing import PRUNE_EVERY_S, Timing
 from collab.swarm.transport import (
     TAKEN,
     Header,
@@ -185,6 +185,7 @@ class ExactReducer:
         self.bans = bans or Bans(duration_s=cfg.ban_duration_s, me=node.peer_key)
         self.agreement = Agreement(node=node, timing=self.timing, bans=self.bans)
         self._slots: dict[tuple[str, int], _Slot] = {}
+        self._pruned_at = 0.0  # when old slots were last dropped
         self.last_excluded: dict[str, str] = {}  # peer -> reason, for the latest completed round
         self.last_share = 0.0  # this member's weight / the samples behind its own part, latest round
         self.link_b_s: float | None = None  # this peer's measured exchange rate (bytes/s), once known
@@ -197,8 +198,12 @@ class ExactReducer:
             slot = self._slots[key] = _Slot()
             slot.result = asyncio.get_running_loop().create_future()
             now = time.monotonic()
-            for old in [k for k, s in self._slots.items() if s.created < now - self._times(s).slot_horizon_s]:
-                self._slots.pop(old, None)
+            if now - self._pruned_at >= PRUNE_EVERY_S:  # a scan of every slot per new slot cost ms per round
+                self._pruned_at = now
+                for old in [
+                    k for k, s in self._slots.items() if s.created < now - self._times(s).slot_horizon_s
+                ]:
+                    self._slots.pop(old, None)
         return slot
 
     def _times(self, slot: _Slot, message_bytes: int | None = None) -> Timing:

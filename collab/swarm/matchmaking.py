@@ -68,6 +68,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
 import logging
 import math
@@ -153,8 +154,8 @@ class Group:
     nonce: str = ""  # chosen by the leader: a retried round with the same members is a new group
     clients: tuple[str, ...] = ()  # members that accept no incoming calls (sorted): they own no part
 
-    @property
-    def group_id(self) -> str:
+    @functools.cached_property
+    def group_id(self) -> str:  # computed once: read many times per round
         text = self.round_id + "|" + self.nonce + "|" + ",".join(f"{d}:{p}" for d, p in self.members)
         if self.clients:
             text += "|clients:" + ",".join(self.clients)

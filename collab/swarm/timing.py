@@ -15,6 +15,7 @@ from collab.config import SwarmConfig
 LOOP_MARGIN_S = 5.0  # a thread waiting on the event loop allows this much beyond the call's own limit
 UPLOAD_MARGIN_S = 2.0  # a part call allows this for the upload on top of the owner's wait
 DHT_S = 10.0  # one DHT read or write
+PRUNE_EVERY_S = 1.0  # how often round bookkeeping past its horizon is dropped (a scan of all of it)
 # A member moves about 4x its message in a round: its parts out and the aggregate in, and as an owner the
 # others' parts in and its part of the aggregate out.
 EXCHANGE_TRAFFIC = 4.0
