@@ -1,6 +1,7 @@
 """100M-parameter rounds and state sync among 3 peers on loopback, against hivemind's averager.
 
-Usage: ``python bench/scale.py [--numel 100000000] [--peers 3] [--ratio 0.01] [--repeat 3] [--no-memory]``
+Usage: ``python bench/scale.py [--numel 100000000] [--peers 3] [--ratio 0.01] [--repeat 3] [--no-memory]
+[--warmup]``
 
 Cases, one after the other, each in fresh peer processes (spawned; one DHT and p2pd each):
 
@@ -11,6 +12,10 @@ Cases, one after the other, each in fresh peer processes (spawned; one DHT and p
   values each, the shape of a MASHA state) from a peer that serves it in chunks, checked as they arrive.
 
 Each case runs twice: timed, then with memory sampling (which slows large processes; see PeakMemory).
+``--warmup``: the round cases (hivemind's included) run one untimed round first and time the second, in
+the same processes - a run's steady state, where each round's fresh buffers get memory that earlier
+rounds freed (on this VM a page touched for the first time costs a host fault: the cold single round of
+the default measures that too). The wire bytes then count the timed round only; the peak, both.
 Per case: the slowest peer's time (from a common barrier to its return; rounds include matchmaking),
 the loopback interface's transmitted bytes per peer, and each peer's peak memory: the proportional set
 size (PSS, so shared pages count once) of the peer's whole process tree - the Python process, its DHT
@@ -124,6 +129,9 @@ def _round_worker(
             start=True,
         )
         barrier.wait()
+        if args.warmup:  # an untimed round first: the timed one is a run's steady state
+            avg.step(timeout=600)
+            barrier.wait()
         t0 = time.perf_counter()
         result = avg.step(timeout=600)
         elapsed = time.perf_counter() - t0
@@ -153,8 +161,11 @@ def _round_worker(
     comp = Identity() if case == "dense" else TopK(ratio=args.ratio)
     msg = comp.compress(x, seed=1, step=0)
     barrier.wait()
+    if args.warmup:  # an untimed round first (its aggregate dropped, as a run drops old buffers)
+        agg.reduce(RoundKey(0, case), [Contribution(msg)], server=lambda s: s)
+        barrier.wait()
     t0 = time.perf_counter()
-    agg.reduce(RoundKey(0, case), [Contribution(msg)], server=lambda s: s)
+    agg.reduce(RoundKey(1, case), [Contribution(msg)], server=lambda s: s)
     elapsed = time.perf_counter() - t0
     ok = agg.last_group_size == args.peers
     barrier.wait()
@@ -257,6 +268,8 @@ def run_case(case: str, args: argparse.Namespace) -> dict[str, Any]:
                 procs.append(ctx.Process(target=target, args=(case, i, maddr, args, barrier, out)))
                 procs[-1].start()
         barrier.wait(timeout=900)  # everyone is up
+        if args.warmup and case != "sync":
+            barrier.wait(timeout=900)  # the untimed round is over
         tx0 = lo_tx_bytes()
         barrier.wait(timeout=900)  # everyone is done
         tx1 = lo_tx_bytes()
@@ -286,6 +299,12 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.01)
     parser.add_argument("--cases", default="hivemind,dense,topk,sync", help="comma-separated subset")
     parser.add_argument("--no-memory", action="store_true", help="skip the memory-sampled second runs")
+    parser.add_argument(
+        "--warmup",
+        action="store_true",
+        help="time each round case's second round in the same processes (steady state: a training run's "
+        "rounds reuse memory its earlier rounds freed); the first is untimed. Both systems alike",
+    )
     parser.add_argument(
         "--repeat", type=int, default=3, help="timed runs of each case, interleaved; the median is reported"
     )
