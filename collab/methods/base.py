@@ -219,7 +219,7 @@ class MethodState:
 
         Computed once per state: the result is kept until the step, a tensor (another object, or one
         changed in place: torch counts in-place writes in ``_version``) or the set of tensors changes."""
-        fingerprint = self._fingerprint()
+        fingerprint = self.fingerprint()
         if self._hash_cache is not None and self._hash_cache[0] == fingerprint:
             return self._hash_cache[1]
         digest = self._digest()
@@ -236,14 +236,11 @@ class MethodState:
     def known_hash(self, digest: str) -> None:
         """Take ``digest`` as this state's :meth:`hash` without hashing it again: only for a digest
         computed over these very bytes (:class:`StreamHash` of the serialization they were read from)."""
-        self._hash_cache = (self._fingerprint(), digest)
+        self._hash_cache = (self.fingerprint(), digest)
 
     def fingerprint(self) -> object:
         """What identifies these exact bytes cheaply: the step and each tensor's object, memory and
         in-place write counter (torch's ``_version``). Equal fingerprints: the same bytes."""
-        return self._fingerprint()
-
-    def _fingerprint(self) -> object:
         tensors = sorted(self.tensors().items())
         return (self.step, tuple((n, id(t), t.data_ptr(), t._version, t.shape, t.dtype) for n, t in tensors))
 

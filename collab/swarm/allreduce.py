@@ -463,8 +463,9 @@ class ExactReducer:
         # Committed: every member still in the round had its answers before this one could confirm. (A
         # failed round keeps its slots as they are until they expire: its owner part may still be
         # averaged and answered for the others.)
-        for (group_id, _), slot in list(self._slots.items()):
-            if group_id == group.group_id and slot.group is not None:
+        for j in range(len(group.owners)):  # this group's slots (looked up, not a scan of every slot)
+            slot = self._slots.get((group.group_id, j))
+            if slot is not None and slot.group is not None:
                 self._release(slot)
         return mean
 
