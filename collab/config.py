@@ -233,6 +233,12 @@ class SwarmConfig(_Section):
         description="the slowest link (MB/s) a round's exchange deadlines allow for: they grow by the "
         "round's bytes over this rate, or over the rate a peer measured when that is slower",
     )
+    single_owner_bytes: int = Field(
+        256 * 1024,
+        ge=0,
+        description="a round whose messages, times its number of part owners, come to at most this many "
+        "bytes goes through one owner (fewer calls: small rounds are set by latency, not bytes); 0: never",
+    )
     heartbeat_interval_s: float = Field(1.0, gt=0, description="how often a peer refreshes its alive record")
     heartbeat_ttl_s: float = Field(
         4.0, gt=0, description="an alive record older than this means the peer left"

@@ -9,10 +9,11 @@ the swarm's state. So, before a member applies a round's aggregate:
    checks the signature when the part arrives (the key is what that owner gave it, over the authenticated
    libp2p stream).
 2. **Confirmation.** Each member signs its list of the owners' statements it holds (with the same key
-   it signed its own part with; a client, which owns no part, with the key its list names) and sends it
-   to the round's *collector*, the first member still in the round that is not a client (members some
-   owner dropped are not in the round: their lists are not waited for, but they get the answer and
-   commit with the others); the collector answers every member with all the signed lists once it holds
+   it signed its own part with; a member that owns no part - a client, or any member but the owner of a
+   small round - with the key its list names) and sends it to the round's *collector*, the first member
+   still in the round that is not a client, nor the only owner of a small round (members some owner
+   dropped are not in the round: their lists are not waited for, but they get the answer and commit with
+   the others); the collector answers every member with all the signed lists once it holds
    them all, or with a failure when one is missing by ``allreduce_timeout_s``. It
    decides once: every member that gets an answer gets the same one. A member commits only when every
    list is signed under the key its member gave with its part and lists exactly its own digests.
@@ -80,12 +81,23 @@ class Unconfirmed(LeftBehind):
     ``peers``: the round's other members."""
 
 
-def part_digest(group_id: str, j: int, wire: Payloads, excluded: Mapping[str, str]) -> str:
+def part_digest(
+    group_id: str,
+    j: int,
+    wire: Payloads,
+    excluded: Mapping[str, str],
+    stats: Mapping[str, Sequence[float]] | None = None,
+) -> str:
     """BLAKE3 (hex, 256 bits) of part ``j`` of a group's aggregate as its owner answered it: its bytes
-    (``wire``, whole or in pieces) and dropped list. (BLAKE3: 2.5x sha256's speed here, on parts of up to
-    hundreds of MB.)"""
+    (``wire``, whole or in pieces), dropped list and, from a round's only owner, the (weight, norm) of
+    each contribution it counted. (BLAKE3: 2.5x sha256's speed here, on parts of up to hundreds of MB.)"""
     h = blake3.blake3(_DOMAIN + f"{group_id}|{j}|".encode())
     h.update(json.dumps(sorted((str(k), str(v)) for k, v in excluded.items())).encode())
+    if stats:
+        h.update(
+            b"|stats|"
+            + json.dumps(sorted((str(k), [float(x) for x in v]) for k, v in stats.items())).encode()
+        )
     for piece in pieces_of(wire):
         h.update(piece)
     return h.hexdigest()
@@ -139,12 +151,13 @@ class Agreement:
         signature = self._key.sign(_statement_message(group_id, j, digest)).hex()
         return Statement(digest, self.public, signature)
 
-    def check(self, group: Group, j: int, digest: str, raw: object) -> Statement:
-        """The owner of part ``j``'s statement on the part this member received (``digest``); an owner that
-        sent none, or one that does not match the part, is banned and the round fails."""
+    def check(self, group: Group, j: int, digest: str, raw: object, *, owner: str | None = None) -> Statement:
+        """The owner of part ``j``'s (default ``group.owners[j]``) statement on the part this member
+        received (``digest``); an owner that sent none, or one that does not match the part, is banned and
+        the round fails."""
         stmt = Statement.from_wire(raw)
         if stmt is None or stmt.digest != digest or not stmt.valid(group.group_id, j):
-            owner = group.owners[j]
+            owner = owner or group.owners[j]
             self.bans.ban(owner, "part without a valid signed statement", group.round_id)
             raise RoundFailed(f"part {j} from {owner[-6:]} carries no valid statement")
         return stmt
@@ -214,13 +227,18 @@ class Agreement:
         dropped: set[str],
         mine: str,
         timing: Timing | None = None,
+        owners: Sequence[str] | None = None,
     ) -> None:
         """Return when every member still in the round (not ``dropped``) holds the same ``statements``;
         raise :class:`SplitRound` (banning whoever the statements name), :class:`Unconfirmed` (the
-        collector did not answer) or :class:`RoundFailed`."""
+        collector did not answer) or :class:`RoundFailed`. ``owners``: the round's part owners (default
+        ``group.owners``; a small round has one)."""
+        owners = list(group.owners if owners is None else owners)
         members = [p for p in group.peers if p not in dropped]
         clients = set(group.clients)
         collectors = [p for p in members if p not in clients]  # a client cannot be called
+        if len(owners) == 1:  # the only owner does not also collect: alone, it could hide a split it made
+            collectors = [p for p in collectors if p != owners[0]] or collectors
         if not collectors:
             raise RoundFailed(f"round {group.round_id}: no member left to collect the confirmations")
         collector, others = collectors[0], [p for p in members if p != mine]
@@ -257,7 +275,7 @@ class Agreement:
             except ValueError:
                 lists = None
         try:
-            self._judge(group, statements, lists, members, direct=collector == mine)
+            self._judge(group, owners, statements, lists, members, direct=collector == mine)
         except SplitRound:
             if mine in members:  # every member's list is waited for: with a real split nobody commits
                 raise
@@ -273,6 +291,7 @@ class Agreement:
     def _judge(
         self,
         group: Group,
+        owners: Sequence[str],
         statements: Sequence[Statement],
         lists: object,
         members: list[str],
@@ -285,14 +304,14 @@ class Agreement:
         if not isinstance(lists, dict):
             raise RoundFailed(f"round {group.round_id}: malformed confirmation")
         split, unverified = [], []
-        owners = group.owners
         for peer, raw in lists.items():
             key: object = None
             if peer in owners:  # signed with the key it signed its part with
                 key = statements[owners.index(peer)].key
-            elif peer in group.clients and isinstance(raw, dict):
-                # a client owns no part: its list's own key (a collector that forged it could only hide
-                # a split from the others that the client itself sees, and then it does not commit)
+            elif peer in group.peers and isinstance(raw, dict):
+                # a member that owns no part (a client, or any member but the owner of a small round):
+                # its list's own key (a collector that forged it could only hide a split from the others
+                # that this member itself sees, and then it does not commit)
                 key = raw.get("key")
             listed = _verified_parts(group.group_id, raw, key) if isinstance(key, str) else None
             if listed is None:
@@ -301,7 +320,7 @@ class Agreement:
                     self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
             elif not self._same(statements, listed):
                 split.append(peer)
-                self._blame(group, statements, peer, listed)
+                self._blame(group, owners, statements, peer, listed)
         if split:
             raise SplitRound(
                 f"round {group.round_id}: {', '.join(p[-6:] for p in split)} assembled another aggregate"
@@ -318,7 +337,14 @@ class Agreement:
             for x, s in zip(listed, statements, strict=True)
         )
 
-    def _blame(self, group: Group, statements: Sequence[Statement], peer: str, listed: list[object]) -> None:
+    def _blame(
+        self,
+        group: Group,
+        owners: Sequence[str],
+        statements: Sequence[Statement],
+        peer: str,
+        listed: list[object],
+    ) -> None:
         """Ban whoever the statements prove lied: an owner that signed two parts, or ``peer`` when its
         signed list claims a part without a valid statement of the owner (under the key that owner gave
         us)."""
@@ -329,7 +355,7 @@ class Agreement:
             theirs = Statement.from_wire(raw)
             if theirs is not None and theirs.digest == ours.digest:
                 continue
-            owner = group.owners[j]
+            owner = owners[j]
             if (
                 theirs is None
                 or not theirs.valid(group.group_id, j)

@@ -73,12 +73,98 @@ MEASURED_ROUND_BYTES = 1 << 20  # rounds of smaller messages are set by latency:
 UNKNOWN_GROUP_BYTES = 64 * 1024 * 1024  # parts buffered for groups this peer has not formed (yet)
 
 
-async def _digest(group_id: str, j: int, wire: Payloads, dropped: Mapping[str, str]) -> str:
+async def _digest(
+    group_id: str, j: int, wire: Payloads, dropped: Mapping[str, str], stats: Mapping[str, list[float]]
+) -> str:
     """:func:`part_digest`, on a worker thread when the part is large (hashlib releases the GIL): the
     event loop keeps moving the round's other bytes meanwhile."""
     if sum(memoryview(piece).nbytes for piece in pieces_of(wire)) < MEASURED_ROUND_BYTES:
-        return part_digest(group_id, j, wire, dropped)
-    return await asyncio.to_thread(part_digest, group_id, j, wire, dropped)
+        return part_digest(group_id, j, wire, dropped, stats)
+    return await asyncio.to_thread(part_digest, group_id, j, wire, dropped, stats)
+
+
+def round_owners(
+    group: Group, message: CompressedMessage, layout: Layout, single_owner_bytes: int
+) -> list[str]:
+    """The members that own a part of this round, in part order: all of ``group.owners``, or only the
+    first of them when the round is small (``4 x`` the model's coordinates - the shared Rand-k values for
+    the ``shared`` layout - times the owners, at most ``single_owner_bytes``). Every member computes the
+    same list: it depends only on the group, the layout and the model's size, never on a member's values.
+    """
+    owners = group.owners
+    entries = message.count if layout == Layout.SHARED else message.numel
+    if len(owners) > 1 and 4 * entries * len(owners) <= single_owner_bytes:
+        return owners[:1]
+    return owners
+
+
+def account_error(
+    stats: Mapping[str, list[float]],
+    norm: float,
+    me: int | None,
+    weight: float,
+    own_norm: float,
+    *,
+    owner: int,
+    cfg: SwarmConfig,
+) -> str | None:
+    """Why an only owner's aggregate (L2 ``norm``) does not match its account ``stats`` (member index ->
+    [weight, norm] of each counted contribution), or ``None``. A weighted mean's norm is at most the
+    weighted mean of the contributions' norms (triangle inequality), and this member (``me``, when the
+    owner counted it) checks its own entry: its norm as sent, its weight at most what it claimed. The
+    account is in the owner's signed digest, so every member checks the same numbers; with each member
+    vouching for its own entry an owner cannot inflate the aggregate beyond what it received. The owner's
+    own entry, which nobody else checked, is held to the group (norm within ``max_norm_ratio**2``, weight
+    within ``max_weight_ratio`` of the account's lower medians: the margins of the members' checks of
+    reduced parts, wide enough for honest unevenness)."""
+    mine = stats.get(str(owner))
+    if mine is not None and len(stats) > 1:
+        norms = {int(k): n for k, (_, n) in stats.items()}
+        weights = {int(k): w for k, (w, _) in stats.items()}
+        for what, values, ratio in (
+            ("norm", norms, cfg.max_norm_ratio**2),
+            ("weight", weights, cfg.max_weight_ratio),
+        ):
+            flagged = outliers(values, ratio)
+            if owner in flagged:
+                return f"its own contribution's {what} {flagged[owner]}"
+    if me is not None:
+        entry = stats.get(str(me))
+        if entry is None:
+            return "this member's contribution is missing from the account"
+        w, n = entry
+        if w > weight * (1 + 1e-9) or abs(n - own_norm) > 1e-9 * max(1.0, own_norm):
+            return (
+                f"this member's entry ({w:.6g}, {n:.6g}) is not what it sent ({weight:.6g}, {own_norm:.6g})"
+            )
+    total = sum(w for w, _ in stats.values())
+    bound = sum(w * n for w, n in stats.values()) / total
+    if not norm <= bound * (1 + 1e-6) + 1e-30:
+        return f"norm {norm:.6g} over the {bound:.6g} its account allows"
+    return None
+
+
+def parse_stats(raw: object, members: int) -> dict[str, list[float]] | None:
+    """An only owner's ``stats`` (member index -> [weight, norm] of each contribution it counted), or
+    ``None`` when malformed (a well-formed one has a key per counted member and finite, non-negative
+    numbers)."""
+    if not isinstance(raw, dict) or not 0 < len(raw) <= members:
+        return None
+    out: dict[str, list[float]] = {}
+    for k, v in raw.items():
+        if (
+            not (isinstance(k, str) and k.isdigit() and int(k) < members)
+            or not isinstance(v, list)
+            or len(v) != 2
+        ):
+            return None
+        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+            return None
+        w, norm = float(v[0]), float(v[1])
+        if not (math.isfinite(w) and math.isfinite(norm) and w > 0 and norm >= 0):
+            return None
+        out[k] = [w, norm]
+    return out
 
 
 def message_size(message: CompressedMessage) -> int:
@@ -129,6 +215,7 @@ class _Reduced:
     message: CompressedMessage
     wire: list[bytes | memoryview]
     excluded: dict[int, str]
+    stats: dict[str, list[float]] = field(default_factory=dict)  # a round's only owner: index -> [w, norm]
 
 
 @dataclass(frozen=True)
@@ -254,12 +341,15 @@ class ExactReducer:
         result = await self._await_result(slot, size)
         if sender in result.excluded:
             raise ValueError(f"contribution rejected: {result.excluded[sender]}")
-        return {
+        answer: Header = {
             "ok": True,
             "excluded": {str(i): r for i, r in result.excluded.items()},
             "statement": (await asyncio.shield(self._statement(slot, j, result))).to_wire(),
             "samples": slot.total_weight,  # behind this part's average (a client's share reads it)
-        }, result.wire
+        }
+        if result.stats:
+            answer["stats"] = result.stats
+        return answer, result.wire
 
     def _statement(self, slot: _Slot, j: int, result: _Reduced) -> asyncio.Future[Statement]:
         """This owner's signed statement on part ``j``'s result (signed once, sent to every member; the
@@ -270,7 +360,7 @@ class ExactReducer:
 
             async def sign() -> Statement:
                 dropped = {str(i): r for i, r in result.excluded.items()}
-                return self.agreement.sign(gid, j, await _digest(gid, j, result.wire, dropped))
+                return self.agreement.sign(gid, j, await _digest(gid, j, result.wire, dropped, result.stats))
 
             slot.statement = asyncio.ensure_future(sign())
         return slot.statement
@@ -372,7 +462,7 @@ class ExactReducer:
     def _average(self, slot: _Slot) -> tuple[_Reduced | None, dict[int, str], float]:
         """The average of the valid parts (``None`` when no member had samples), the members excluded
         (index -> reason) and the samples behind the average. Bans nobody, sets nothing: thread-safe."""
-        assert slot.group is not None and slot.own is not None
+        assert slot.group is not None and slot.own is not None and slot.params is not None
         n, me, group = len(slot.group), slot.member, slot.group
         valid: dict[int, tuple[CompressedMessage, float]] = {me: slot.own}
         norms = {me: norm_of(slot.own[0])}
@@ -399,7 +489,9 @@ class ExactReducer:
         if not ordered:
             return None, excluded, 0.0
         mean = weighted_mean([m for m, _ in ordered], [w for _, w in ordered], out=slot.out)
-        return _Reduced(mean, mean.to_buffers(), excluded), excluded, sum(w for _, w in ordered)
+        # the only owner of a round publishes what it counted, so every member can bound the aggregate
+        stats = {str(i): [counted[i][1], norms[i]] for i in sorted(counted)} if slot.params.n == 1 else {}
+        return _Reduced(mean, mean.to_buffers(), excluded, stats), excluded, sum(w for _, w in ordered)
 
     async def _await_result(self, slot: _Slot, message_bytes: int) -> _Reduced:
         assert slot.result is not None
@@ -479,15 +571,15 @@ class ExactReducer:
             self.agreement.expect(group.group_id, times)
         if me_key not in group.peers:
             raise RoundFailed(f"round {group.round_id}: the leader's member list leaves this peer out")
-        owners = group.owners
-        if not owners:
+        if not group.owners:
             raise RoundFailed(f"round {group.round_id}: no member can own a part")
-        if self.node.client_mode and me_key in owners:
+        if self.node.client_mode and me_key in group.owners:
             raise RoundFailed(f"round {group.round_id}: this client is listed as a part owner")
+        layout = Layout(layout) if layout is not None else layout_of(message)
+        owners = round_owners(group, message, layout, self.cfg.single_owner_bytes)
         sender = group.index_of(me_key)
         mine = owners.index(me_key) if me_key in owners else None  # the part this member owns, if any
         n = len(owners)
-        layout = Layout(layout) if layout is not None else layout_of(message)
         parts = split(message, n, layout)
         header: Header = {
             "group_id": group.group_id,
@@ -515,6 +607,7 @@ class ExactReducer:
                     own.received.pop((i, remote))
             self._maybe_finish(own)
         samples: dict[int, float] = {}  # part -> the samples behind it, as its owner says
+        stats: dict[str, list[float]] | None = None  # the only owner's account of what it counted
         heads: dict[int, bytearray] = {}  # part -> the header of its answer, where the values went in place
 
         def sink_for(j: int) -> Sink | None:
@@ -532,10 +625,12 @@ class ExactReducer:
             return sink
 
         async def fetch(j: int) -> tuple[Received | _Placed | CompressedMessage, dict[str, str], Statement]:
+            nonlocal stats
             if j == mine:  # the average this owner computed (the message its answers serialize)
                 assert own is not None
                 result = await self._await_result(own, size)
                 dropped_here = {str(i): r for i, r in result.excluded.items()}
+                stats = result.stats
                 return result.message, dropped_here, await asyncio.shield(self._statement(own, j, result))
             peer = owners[j]
             try:
@@ -563,11 +658,18 @@ class ExactReducer:
                 assert values is not None
                 blob = _Placed(heads[j], values[spans[j][0] : spans[j][1]])
                 wire = [blob.head, blob.values.numpy().view(np.uint8).data]
-            digest = await _digest(group.group_id, j, wire, dropped)
-            return blob, dropped, self.agreement.check(group, j, digest, answer.get("statement"))
+            got_stats: dict[str, list[float]] = {}
+            if n == 1:
+                parsed = parse_stats(answer.get("stats"), len(group))
+                if parsed is None:
+                    self.bans.ban(peer, "malformed account of its contributions", group.round_id)
+                    raise RoundFailed(f"the answer of {peer[-6:]} accounts for its contributions wrongly")
+                stats = got_stats = parsed
+            digest = await _digest(group.group_id, j, wire, dropped, got_stats)
+            return blob, dropped, self.agreement.check(group, j, digest, answer.get("statement"), owner=peer)
 
         answers = await gather_all([fetch(j) for j in range(n)])
-        reduced_parts, rms = [], {}
+        reduced_parts, rms, norms = [], {}, {}
         for j, (blob, _, _) in enumerate(answers):
             # Everyone receives these same bytes, so everyone takes the same decision on them.
             expected = (MessageKind.SPARSE,) if layout == Layout.SPARSE else (MessageKind.DENSE,)
@@ -581,7 +683,8 @@ class ExactReducer:
                         blob, max_numel=message.numel, kinds=expected, share=True
                     )
                 check_part(part, layout=layout, numel=message.numel, n=n, j=j, count=header["count"])
-                rms[j] = finite_norm(part) / math.sqrt(max(1, part.count))
+                norms[j] = finite_norm(part)
+                rms[j] = norms[j] / math.sqrt(max(1, part.count))
             except Exception as e:  # whatever the bytes provoke: the same verdict on every member
                 why = str(e) if isinstance(e, ValueError) else type(e).__name__
                 self.bans.ban(owners[j], f"invalid reduced part: {why}", group.round_id)
@@ -592,6 +695,21 @@ class ExactReducer:
         for j, why in outliers(rms, self.cfg.max_norm_ratio**2).items():
             self.bans.ban(owners[j], f"inflated reduced part: RMS {why}", group.round_id)
             raise RoundFailed(f"part {j} from {owners[j][-6:]} is inflated: RMS {why}")
+        if n == 1 and mine is None:  # one part, nothing to compare it with: check the owner's account
+            assert stats is not None
+            counted = weight > 0 and str(sender) not in answers[0][1]
+            wrong = account_error(
+                stats,
+                norms[0],
+                sender if counted else None,
+                weight,
+                norm_of(parts[0]),
+                owner=group.index_of(owners[0]),
+                cfg=self.cfg,
+            )
+            if wrong:
+                self.bans.ban(owners[0], f"inflated aggregate: {wrong}", group.round_id)
+                raise RoundFailed(f"the aggregate from {owners[0][-6:]} is inflated: {wrong}")
         excluded_now = {
             group.peers[int(i)]: str(r)
             for _, excluded, _ in answers
@@ -600,7 +718,9 @@ class ExactReducer:
         }
         # every member still in the round assembled these same parts, or nobody commits
         statements = [s for _, _, s in answers]
-        await self.agreement.confirm(group, statements, dropped=set(excluded_now), mine=me_key, timing=times)
+        await self.agreement.confirm(
+            group, statements, dropped=set(excluded_now), mine=me_key, timing=times, owners=owners
+        )
         # a client owns no part: the samples behind part 0 (every part averages the same members)
         total = own.total_weight if own is not None else samples.get(0, 0.0)
         self.last_share = min(1.0, weight / total) if total > 0 else 0.0

@@ -45,8 +45,9 @@ Sink = Callable[[Header, int], Sequence[memoryview] | None]
 TAKEN = memoryview(b"")  # returned for a payload that went into the call's sink (compare with ``is``)
 
 # Bumped whenever peers of two versions could not complete a round together (3: BLAKE3 part digests
-# and state chunk digests); matchmaking keeps peers of different protocols out of each other's groups.
-WIRE_PROTOCOL = 3
+# and state chunk digests; 4: small rounds through one owner); matchmaking keeps peers of different
+# protocols out of each other's groups.
+WIRE_PROTOCOL = 4
 MAX_HEADER_BYTES = 64 * 1024
 IO_SLICE = 1 << 20  # large payloads are written and read in slices of this many bytes (at most)
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances

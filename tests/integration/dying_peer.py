@@ -1,6 +1,7 @@
 """A volunteer that dies in the middle of a round: a real ``collab join`` that, in round ``ROUND`` (e.g.
 ``12.delta``; ``first.delta``: the first round of that phase it takes part in), sends its parts and, once
-another member's part has reached it (so that member is in the round too), SIGKILLs its whole process
+another member's part has reached it or its own part is on its way to another member (so that member is
+in the round too; a small round has one owner, to which the others send), SIGKILLs its whole process
 group - itself, its DHT and p2pd - before the results come back; from the moment that round begins it never
 answers a part call again (as a machine that went down). Everything else is the unmodified peer. Only
 tests start this (torchft-style ``fail_at(peer, step)``).
@@ -27,8 +28,9 @@ def main(argv: Sequence[str]) -> int:
     fail_round, rest = argv[0], list(argv[1:])
     honest_reduce = allreduce.ExactReducer.reduce
     honest_handle = allreduce.ExactReducer._handle_part
+    honest_call = allreduce.SwarmNode.call
     dying = asyncio.Event()
-    arrived: set[object] = set()  # rounds some other member has sent this peer a part for
+    arrived: set[object] = set()  # rounds where some other member sent this peer a part, or got ours
 
     first = fail_round.startswith("first.")
 
@@ -45,6 +47,13 @@ def main(argv: Sequence[str]) -> int:
         if dying.is_set():  # a part that came before the round began here: its answer never leaves either
             await asyncio.sleep(3600)  # (on a fast machine a tiny round completes within the 50 ms below)
         return answer
+
+    async def call(
+        self: allreduce.SwarmNode, peer: str, method: str, header: Any, *args: Any, **kwargs: Any
+    ) -> Any:
+        if method == allreduce.PART:
+            arrived.add(header.get("round"))
+        return await honest_call(self, peer, method, header, *args, **kwargs)
 
     async def reduce(self: allreduce.ExactReducer, group: Any, *args: Any, **kwargs: Any) -> Any:
         if not fatal(group.round_id):
@@ -63,6 +72,7 @@ def main(argv: Sequence[str]) -> int:
         return await task
 
     allreduce.ExactReducer._handle_part = handle_part  # type: ignore[method-assign]
+    allreduce.SwarmNode.call = call  # type: ignore[method-assign]
     allreduce.ExactReducer.reduce = reduce  # type: ignore[method-assign]
     from peers.cli import main as cli_main
 

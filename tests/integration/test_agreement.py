@@ -6,7 +6,8 @@ and answers all of them. Honest lists: everyone commits, a member some owner dro
 that signed two versions of its part: nobody commits and everyone bans that owner. A member whose list is
 not signed with its part's key: nobody commits and the collector (which got the list straight from it)
 bans it. A collector that swaps one member's list for another's to hide a split: nobody commits, because
-a list only counts under the key its member signed its part with.
+a list only counts under the key its member signed its part with. A small round's only owner that splits
+its part: another member collects, everyone sees the split and bans the owner.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ TIMING = Timing.of(SwarmConfig(allreduce_timeout_s=3.0))
 class Round:
     """Three members, their agreements and the statements each holds (``held[member][part]``)."""
 
-    def __init__(self, nodes: list[SwarmNode], tag: str) -> None:
+    def __init__(self, nodes: list[SwarmNode], tag: str, *, parts: int | None = None) -> None:
         self.nodes = {n.peer_key: n for n in nodes}
         self.agreements = {
             k: Agreement(node=n, timing=TIMING, bans=Bans(duration_s=60.0, me=k))
@@ -39,7 +40,8 @@ class Round:
         }
         self.group = Group(f"{tag}.delta", tuple(sorted((i, n.peer_key) for i, n in enumerate(nodes))), tag)
         self.peers = self.group.peers
-        honest = [self.statement(j, f"part {j}".encode()) for j in range(len(self.peers))]
+        self.owners = self.peers[: parts or len(self.peers)]  # a small round has one owner
+        honest = [self.statement(j, f"part {j}".encode()) for j in range(len(self.owners))]
         self.held = {p: list(honest) for p in self.peers}
         self.dropped: set[str] = set()  # members some owner dropped (in every owner's statement)
 
@@ -51,7 +53,9 @@ class Round:
         """Every member (but the ``silent`` ones) confirms at once; ``None``: it would commit."""
 
         def one(peer: str) -> BaseException | None:
-            coro = self.agreements[peer].confirm(self.group, self.held[peer], dropped=self.dropped, mine=peer)
+            coro = self.agreements[peer].confirm(
+                self.group, self.held[peer], dropped=self.dropped, mine=peer, owners=self.owners
+            )
             try:
                 self.nodes[peer].run(coro, timeout_s=30)
             except RoundFailed as e:
@@ -67,14 +71,14 @@ class Round:
 
 
 @pytest.fixture
-def make_round() -> Iterator[Callable[[str], Round]]:
+def make_round() -> Iterator[Callable[..., Round]]:
     """Three fresh peers (each with its own p2pd) for one round; all shut down after the test."""
     nodes: list[SwarmNode] = []
 
-    def make(tag: str) -> Round:
+    def make(tag: str, parts: int | None = None) -> Round:
         nodes.append(SwarmNode())
         nodes.extend(SwarmNode(initial_peers=nodes[0].visible_maddrs()) for _ in range(2))
-        return Round(nodes, tag)
+        return Round(nodes, tag, parts=parts)
 
     try:
         yield make
@@ -168,3 +172,17 @@ def test_a_replayed_statement_frames_nobody_but_its_replayer(make_round: Callabl
     honest_views = [bans for p, bans in banned.items() if p != liar]  # what the liar does is its own
     assert all(owner not in bans for bans in honest_views), f"the owner was framed: {banned}"
     assert all(liar in bans for p, bans in banned.items() if p != liar), banned
+
+
+@pytest.mark.timeout(120)
+def test_the_only_owner_of_a_small_round_cannot_hide_its_split(make_round: Callable[..., Round]) -> None:
+    r = make_round("7", parts=1)
+    owner, collector, victim = r.peers
+    r.held[victim][0] = r.statement(0, b"another part 0")  # the only owner sent the victim other bytes
+    outcome = r.confirm_all()
+    # the owner does not collect (alone it could show each member its own version): another member does
+    assert all(isinstance(e, SplitRound) for e in outcome.values()), outcome
+    assert all(owner in bans for p, bans in r.banned().items() if p != owner), r.banned()
+    assert collector not in r.banned()[victim]
+    assert r.group.group_id in r.agreements[collector]._collections
+    assert r.group.group_id not in r.agreements[owner]._collections, "the owner collected"

@@ -4,7 +4,8 @@ Three real peers form a group whose published bounds (rate and microbatch) allow
 round. A claims 10 (honest), B claims 25 (a device that got faster than it published: counted at 10,
 never banned), C claims 5000 (over ``max_weight_ratio`` times its bound: dropped and banned by every
 honest owner, and told why). A and B end with the same bytes, and A's part is the equal-weight mean of
-A's and B's parts. The same with parts of 2 MB, which owners validate and average on a worker thread.
+A's and B's parts. The same with parts of 2 MB, which owners validate and average on a worker thread, and
+with a small round through one owner (the only one that sees, and bans, C).
 """
 
 from __future__ import annotations
@@ -16,20 +17,26 @@ import pytest
 import torch
 
 from collab.compression import CompressedMessage, MessageKind
+from collab.compression.partition import Layout
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
-from collab.swarm.allreduce import ExactReducer
+from collab.swarm.allreduce import ExactReducer, round_owners
 from collab.swarm.matchmaking import Group
 from collab.swarm.transport import SwarmNode
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize("numel", [60, 3 * 2**19])  # small parts; parts averaged off the event loop
-def test_claims_over_the_published_bound_are_capped_or_banned(numel: int) -> None:
+@pytest.mark.parametrize(
+    ("numel", "one_owner"),
+    [(60, False), (60, True), (3 * 2**19, False)],  # small parts; one owner; parts averaged off the loop
+)
+def test_claims_over_the_published_bound_are_capped_or_banned(numel: int, one_owner: bool) -> None:
     def _msg(scale: float) -> CompressedMessage:
         return CompressedMessage(MessageKind.DENSE, numel, torch.linspace(-1, 1, numel) * scale)
 
-    cfg = SwarmConfig(allreduce_timeout_s=5.0, max_weight_ratio=100.0)
+    cfg = SwarmConfig(
+        allreduce_timeout_s=5.0, max_weight_ratio=100.0, single_owner_bytes=1024 if one_owner else 0
+    )
     a = SwarmNode()
     b = SwarmNode(initial_peers=a.visible_maddrs())
     c = SwarmNode(initial_peers=a.visible_maddrs())
@@ -52,10 +59,13 @@ def test_claims_over_the_published_bound_are_capped_or_banned(numel: int) -> Non
             futures[2].result(30)
 
         ra, rb, _ = reducers
-        for honest in (ra, rb):
+        owners = round_owners(group, sent[a.peer_key][0], Layout.DENSE, cfg.single_owner_bytes)
+        assert len(owners) == (1 if one_owner else 3)
+        for honest, node in ((ra, a), (rb, b)):
             assert set(honest.last_excluded) == {c.peer_key}
             assert "can have done" in honest.last_excluded[c.peer_key]
-            assert honest.bans.is_banned(c.peer_key)
+            # the owners checked C's claim themselves; a member that owns nothing has the owner's word
+            assert honest.bans.is_banned(c.peer_key) == (node.peer_key in owners)
             assert not honest.bans.is_banned(a.peer_key) and not honest.bans.is_banned(b.peer_key)
         j = group.index_of(a.peer_key)
         size = numel // 3

@@ -58,6 +58,9 @@ CONFIG = {
         "heartbeat_ttl_s": 2.0,
         "max_message_bytes": 1024 * 1024,
         "ban_duration_s": 600.0,
+        # every member owns a part, so the split attacker does (a small round's only owner and its
+        # checks: tests/integration/test_single_owner.py and test_agreement.py)
+        "single_owner_bytes": 0,
     },
 }
 

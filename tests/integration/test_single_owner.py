@@ -1,0 +1,138 @@
+"""Small rounds go through one owner: fewer calls, the same bytes, and an owner that cannot inflate them.
+
+Three real peers (each its own p2pd) reduce a 60-value message. Under ``single_owner_bytes`` the first
+member owns the only part: every member ends with the same bytes, equal to the weighted mean of all three
+messages computed in one process, and nobody but the owner keeps a part slot. The only owner publishes
+(weight, norm) of each contribution it counted, inside its signed digest; a member checks its own entry
+and that the aggregate's norm is within the weighted mean of those norms. An owner that inflates the
+aggregate is banned by both other members; so is one that also inflates its account to cover it (each
+member finds its own entry wrong), and one whose own contribution, which nobody else checks, is an
+outlier against the account.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Iterator
+from dataclasses import replace
+from typing import Any
+
+import pytest
+import torch
+
+from collab.compression import CompressedMessage, MessageKind, weighted_mean
+from collab.compression.partition import Layout
+from collab.config import SwarmConfig
+from collab.methods.base import RoundFailed
+from collab.swarm.allreduce import ExactReducer, _Reduced, round_owners
+from collab.swarm.matchmaking import Group
+from collab.swarm.transport import SwarmNode
+
+NUMEL = 60
+WEIGHTS = (1.0, 2.0, 3.0)
+CFG = SwarmConfig(allreduce_timeout_s=2.0)
+
+
+def _msg(i: int) -> CompressedMessage:
+    values = torch.randn(NUMEL, generator=torch.Generator().manual_seed(100 + i))
+    return CompressedMessage(MessageKind.DENSE, NUMEL, values)
+
+
+class Trio:
+    def __init__(self, nodes: list[SwarmNode], tag: str) -> None:
+        self.nodes = nodes
+        self.reducers = [ExactReducer(node=n, cfg=CFG) for n in nodes]
+        self.group = Group(f"{tag}.delta", tuple((i, n.peer_key) for i, n in enumerate(nodes)), tag)
+
+    def reduce_all(
+        self, scale: tuple[float, ...] = (1.0, 1.0, 1.0)
+    ) -> list[CompressedMessage | BaseException]:
+        futures = [
+            asyncio.run_coroutine_threadsafe(
+                r.reduce(self.group, replace(_msg(i), values=_msg(i).values * scale[i]), WEIGHTS[i], "dense"),
+                n._loop,
+            )
+            for i, (r, n) in enumerate(zip(self.reducers, self.nodes, strict=True))
+        ]
+        out: list[CompressedMessage | BaseException] = []
+        for f in futures:
+            try:
+                out.append(f.result(30))
+            except RoundFailed as e:
+                out.append(e)
+        return out
+
+
+@pytest.fixture
+def make_trio() -> Iterator[Callable[[str], Trio]]:
+    nodes: list[SwarmNode] = []
+
+    def make(tag: str) -> Trio:
+        nodes.append(SwarmNode())
+        nodes.extend(SwarmNode(initial_peers=nodes[0].visible_maddrs()) for _ in range(2))
+        trio = Trio(nodes, tag)
+        # canonical order is (device, key): device indices 0, 1, 2 make nodes[0] the owner
+        assert round_owners(trio.group, _msg(0), Layout.DENSE, CFG.single_owner_bytes) == [nodes[0].peer_key]
+        return trio
+
+    try:
+        yield make
+    finally:
+        for n in reversed(nodes):
+            n.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_small_round_has_one_owner_and_the_exact_mean(make_trio: Callable[[str], Trio]) -> None:
+    trio = make_trio("1")
+    outs = trio.reduce_all()
+    assert all(isinstance(o, CompressedMessage) for o in outs), outs
+    want = weighted_mean([_msg(i) for i in range(3)], list(WEIGHTS))
+    assert all(o.to_bytes() == want.to_bytes() for o in outs if isinstance(o, CompressedMessage))
+    for r in trio.reducers:  # one part: nobody ever held a slot for a second one
+        assert {j for _, j in r._slots} <= {0}
+    assert all(not r.bans.active_peers() for r in trio.reducers)
+    assert round_owners(trio.group, _msg(0), Layout.DENSE, 0) == trio.group.owners, "0: never one owner"
+
+
+def _inflating(reducer: ExactReducer, *, cover: bool) -> Callable[[Any], Any]:
+    honest = reducer._average
+
+    def average(slot: Any) -> Any:
+        reduced, excluded, total = honest(slot)
+        mean = replace(reduced.message, values=reduced.message.values * 3)
+        stats = {k: [w, n * 3] for k, (w, n) in reduced.stats.items()} if cover else reduced.stats
+        return _Reduced(mean, mean.to_buffers(), excluded, stats), excluded, total
+
+    return average
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize(("cover", "reason"), [(False, "over the"), (True, "not what it sent")])
+def test_an_only_owner_that_inflates_the_aggregate_is_banned(
+    make_trio: Callable[[str], Trio], monkeypatch: pytest.MonkeyPatch, cover: bool, reason: str
+) -> None:
+    trio = make_trio("2" if cover else "3")
+    owner = trio.nodes[0].peer_key
+    monkeypatch.setattr(trio.reducers[0], "_average", _inflating(trio.reducers[0], cover=cover))
+    outs = trio.reduce_all()
+    for i in (1, 2):
+        assert isinstance(outs[i], RoundFailed) and "inflated" in str(outs[i]), outs[i]
+        bans = trio.reducers[i].bans
+        assert bans.is_banned(owner)
+        why = [e.reason for e in bans.events if e.peer == owner]
+        assert any(reason in w for w in why), why
+        assert not bans.is_banned(trio.nodes[3 - i].peer_key)
+
+
+@pytest.mark.timeout(120)
+def test_an_only_owner_whose_own_contribution_is_an_outlier_is_banned(
+    make_trio: Callable[[str], Trio],
+) -> None:
+    trio = make_trio("4")
+    owner = trio.nodes[0].peer_key
+    outs = trio.reduce_all(scale=(1e6, 1.0, 1.0))  # what a "scale" attacker sends, counted by itself
+    for i in (1, 2):
+        assert isinstance(outs[i], RoundFailed), outs[i]
+        why = [e.reason for e in trio.reducers[i].bans.events if e.peer == owner]
+        assert any("own contribution's norm" in w for w in why), why
