@@ -1,7 +1,7 @@
 """The fixed cost of a round: 4 peers on 127.0.0.1 exchanging a small message, round after round.
 
 Usage: ``python bench/round_cost.py [--peers 4] [--rounds 60] [--numel 100] [--ratio 0.25] [--config C]
-[--dump FILE]``
+[--single-owner-bytes N] [--dump FILE]``
 
 Each peer runs in its own spawned process with its own DHT and p2pd, with the swarm settings of
 ``--config`` (default: configs/demo.yaml): the same matchmaking and exchange a volunteer uses
@@ -11,7 +11,8 @@ matchmaking (the group forms) and exchange (the exact reduce of a Top-k message)
 90th percentile over rounds of the slowest peer's time, and the same config's step in ``collab simulate``
 (in-process, no network) for comparison. Goal: median round at most 30 ms. ``--dump`` writes the slowest
 peer's (matchmaking, exchange, round) seconds of every complete round as JSON (``bench/many_peers.py``
-reads it).
+reads it). ``--single-owner-bytes 0`` makes every member own a part, as rounds of large messages do
+(default: the config's ``swarm.single_owner_bytes``, under which this message goes through one owner).
 """
 
 from __future__ import annotations
@@ -38,7 +39,10 @@ def _worker(index: int, maddr: str, args: argparse.Namespace, barrier: Any, out:
     from collab.swarm.records import AliveRecord, PeerStatus
 
     cfg = load_config(args.config)
-    swarm = cfg.swarm.model_copy(update={"min_group_size": args.peers, "round_time_s": 1.0})
+    update: dict[str, Any] = {"min_group_size": args.peers, "round_time_s": 1.0}
+    if args.single_owner_bytes is not None:
+        update["single_owner_bytes"] = args.single_owner_bytes
+    swarm = cfg.swarm.model_copy(update=update)
     node = SwarmNode(initial_peers=[maddr])
     agg = SwarmAggregator(node=node, run_id="round-cost", cfg=swarm, device_index=index, shared_seed=1)
 
@@ -106,6 +110,12 @@ def main() -> None:
     parser.add_argument("--ratio", type=float, default=0.25)
     parser.add_argument("--config", type=Path, default=ROOT / "configs" / "demo.yaml")
     parser.add_argument("--dump", type=Path, default=None, help="write the per-round times here (JSON)")
+    parser.add_argument(
+        "--single-owner-bytes",
+        type=int,
+        default=None,
+        help="override swarm.single_owner_bytes (0: every member owns a part)",
+    )
     args = parser.parse_args()
 
     import hivemind
@@ -146,7 +156,15 @@ def main() -> None:
         f"\n{args.peers} peers on 127.0.0.1, {args.rounds} rounds, "
         f"{args.numel} coordinates, Top-k {args.ratio:g}"
     )
-    print(f"swarm settings of {args.config.name}; slowest peer per round; {failed} round(s) failed")
+    from collab.config import load_config
+
+    limit = load_config(args.config).swarm.single_owner_bytes
+    limit = limit if args.single_owner_bytes is None else args.single_owner_bytes
+    owners = "one owner" if 4 * args.numel * args.peers <= limit else f"{args.peers} owners"
+    print(
+        f"swarm settings of {args.config.name}; {owners} per round; slowest peer per round; "
+        f"{failed} round(s) failed"
+    )
     print(f"{'part':<14}{'median ms':>11}{'p90 ms':>9}")
     for name, col in (("matchmaking", 0), ("exchange", 1), ("round", 2)):
         values = [row[col] * 1000 for row in rounds]

@@ -3,7 +3,8 @@
 another member's part has reached it or its own part is on its way to another member (so that member is
 in the round too; a small round has one owner, to which the others send), SIGKILLs its whole process
 group - itself, its DHT and p2pd - before the results come back; from the moment that round begins it never
-answers a part call again (as a machine that went down). Everything else is the unmodified peer. Only
+answers a part call again, nor sends its confirmation (as a machine that went down: a small round with one
+owner can complete within the moments before the kill). Everything else is the unmodified peer. Only
 tests start this (torchft-style ``fail_at(peer, step)``).
 
 ``python -m tests.integration.dying_peer ROUND JOIN-ARGS...``
@@ -29,6 +30,7 @@ def main(argv: Sequence[str]) -> int:
     honest_reduce = allreduce.ExactReducer.reduce
     honest_handle = allreduce.ExactReducer._handle_part
     honest_call = allreduce.SwarmNode.call
+    honest_confirm = allreduce.Agreement.confirm
     dying = asyncio.Event()
     arrived: set[object] = set()  # rounds where some other member sent this peer a part, or got ours
 
@@ -55,6 +57,11 @@ def main(argv: Sequence[str]) -> int:
             arrived.add(header.get("round"))
         return await honest_call(self, peer, method, header, *args, **kwargs)
 
+    async def confirm(self: allreduce.Agreement, *args: Any, **kwargs: Any) -> Any:
+        if dying.is_set():
+            await asyncio.sleep(3600)  # about to die: its list never leaves
+        return await honest_confirm(self, *args, **kwargs)
+
     async def reduce(self: allreduce.ExactReducer, group: Any, *args: Any, **kwargs: Any) -> Any:
         if not fatal(group.round_id):
             return await honest_reduce(self, group, *args, **kwargs)
@@ -73,6 +80,7 @@ def main(argv: Sequence[str]) -> int:
 
     allreduce.ExactReducer._handle_part = handle_part  # type: ignore[method-assign]
     allreduce.SwarmNode.call = call  # type: ignore[method-assign]
+    allreduce.Agreement.confirm = confirm  # type: ignore[method-assign]
     allreduce.ExactReducer.reduce = reduce  # type: ignore[method-assign]
     from peers.cli import main as cli_main
 
