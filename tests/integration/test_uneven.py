@@ -34,10 +34,14 @@ def _config() -> dict[str, Any]:
 @pytest.mark.timeout(300)
 def test_throttled_volunteer_contributes_every_round_and_states_agree(swarm: Swarm) -> None:
     path = swarm.write_config(_config())
-    slow = swarm.start(path, device_index=0, extra=["--throttle", "0.25", "--batch-size", "4"])
-    big = swarm.start(path, device_index=1, extra=["--batch-size", "16"])
-    plain = swarm.start(path, device_index=2)
-    crawler = swarm.start(path, device_index=3, extra=["--throttle", "0.01"])
+    # one torch thread each, as `collab demo` gives volunteers sharing a machine: four processes with a
+    # thread per core spend most of their time in OpenMP's spinning barriers, which of them wins the
+    # cores changes with the rounds' timing, and the samples per round with it
+    env = {"OMP_NUM_THREADS": "1"}
+    slow = swarm.start(path, device_index=0, env=env, extra=["--throttle", "0.25", "--batch-size", "4"])
+    big = swarm.start(path, device_index=1, env=env, extra=["--batch-size", "16"])
+    plain = swarm.start(path, device_index=2, env=env)
+    crawler = swarm.start(path, device_index=3, env=env, extra=["--throttle", "0.01"])
     peers = [slow, big, plain, crawler]
     summaries = [swarm.finish(p, timeout_s=240) for p in peers]
     assert {s["step"] for s in summaries} == {STEPS} and len({s["hash"] for s in summaries}) == 1
