@@ -1,12 +1,18 @@
 """What a volunteer tells others: its JSON-lines event log, and its signed progress and ban records.
 
 The log (one object per step or event) is what tests and tools read; the signed DHT records are what the
-monitor reads. Publishing is fire and forget: a slow DHT never stalls training.
+monitor reads. Publishing is fire and forget: a slow DHT never stalls training. A peer stores its progress
+record at most every ``Timing.progress_every_s`` (half a heartbeat): a record made sooner waits out the
+rest of that interval, and only the latest one then goes out (each names the peer's last
+``VOUCHED_STATES`` committed states, so no vouch is lost to the ones it supersedes).
 """
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -68,6 +74,9 @@ class Reporter:
         self._bans: Bans | None = None
         self._states: deque[StateVouch] = deque(maxlen=VOUCHED_STATES)  # what this peer vouches for
         self._bans_stored = 0.0  # time.monotonic() of the last ban report
+        self._lock = threading.Lock()
+        self._stored_at = -math.inf  # time.monotonic() of the last progress store
+        self._pending: tuple[dict[str, Any], float] | None = None  # the latest record, waiting its turn
 
     def progress(
         self,
@@ -109,14 +118,29 @@ class Reporter:
             peer=self.node.peer_key,
             states=list(self._states),
         )
-        expiration = get_dht_time() + self.timing.progress_ttl_s
-        self.node.spawn(
-            self.node.dht_store(
-                progress_key(self.cfg.run_id), self.signer.local_public_key, record.dict(), expiration
-            )
-        )
+        self._publish(record.dict(), get_dht_time() + self.timing.progress_ttl_s)
         if self._bans is not None and time.monotonic() - self._bans_stored >= self.timing.bans_republish_s:
             self.bans(self._bans)
+
+    def _publish(self, value: dict[str, Any], expiration: float) -> None:
+        """Store ``value`` now, or once ``progress_every_s`` has passed since the last store (then the
+        latest record held by that time)."""
+        with self._lock:
+            waiting = self._pending is not None
+            self._pending = (value, expiration)
+            if waiting:  # a store is already due: it takes this record instead of the older one
+                return
+            wait_s = self._stored_at + self.timing.progress_every_s - time.monotonic()
+        self.node.spawn(self._store_latest(max(0.0, wait_s)))
+
+    async def _store_latest(self, after_s: float) -> None:
+        if after_s > 0:
+            await asyncio.sleep(after_s)
+        with self._lock:
+            pending, self._pending = self._pending, None
+            self._stored_at = time.monotonic()
+        if pending is not None:
+            await self.node.dht_store(progress_key(self.cfg.run_id), self.signer.local_public_key, *pending)
 
     def bans(self, bans: Bans) -> None:
         if self.signer is None:

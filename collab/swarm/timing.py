@@ -45,6 +45,7 @@ class Timing:
     patience_s: float  # a volunteer without progress for this long stops
     suspect_s: float  # a peer whose state did not check out is skipped this long (keeper)
     progress_ttl_s: float  # a progress record's life in the DHT
+    progress_every_s: float  # a peer stores its progress record at most this often (the latest one)
     bans_republish_s: float  # a peer's ban report is stored again this often while it holds bans
     stall_s: float  # a whole run (demo) without a new step for this long has stalled
     bandwidth_b_s: float  # the slowest link (bytes/s) the exchange's waits allow for
@@ -109,6 +110,9 @@ class Timing:
             patience_s=6 * exchange,
             suspect_s=10 * sw.heartbeat_ttl_s,
             progress_ttl_s=max(30.0, 10 * sw.heartbeat_ttl_s),
+            # a signed DHT store per step cost small models' volunteers half their CPU; the records' last
+            # VOUCHED_STATES vouches and the vouch wait (2 heartbeat TTLs) allow for a short delay
+            progress_every_s=sw.heartbeat_interval_s / 2,
             bans_republish_s=sw.heartbeat_ttl_s,
             stall_s=10 * exchange,
             bandwidth_b_s=sw.min_bandwidth_mb_s * 1e6,
