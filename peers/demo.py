@@ -88,6 +88,12 @@ def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait_s: float 
         proc.wait(timeout=5)
 
 
+def _terminated(signum: int, frame: Any) -> None:
+    """SIGTERM (``kill``, a service manager, ``timeout``) stops the demo as Ctrl-C does: its coordinator
+    and volunteers, each in a session of its own, would otherwise outlive it."""
+    raise KeyboardInterrupt("terminated")
+
+
 def _read_url(proc: subprocess.Popen[str], timeout_s: float) -> tuple[str, str]:
     """The config server and dashboard URLs the coordinator prints on start."""
     assert proc.stdout is not None
@@ -147,6 +153,7 @@ def run(args: argparse.Namespace) -> int:
     config_path.write_text(yaml.safe_dump(cfg.model_dump(mode="json"), sort_keys=False))
 
     procs: list[subprocess.Popen[Any]] = []
+    signal.signal(signal.SIGTERM, _terminated)
     access: list[str] = []  # an invite-only config: the demo is its own organizer and hands out the invite
     if cfg.access == "invite":
         import secrets
