@@ -238,7 +238,12 @@ class Agreement:
         clients = set(group.clients)
         collectors = [p for p in members if p not in clients]  # a client cannot be called
         if len(owners) == 1:  # the only owner does not also collect: alone, it could hide a split it made
-            collectors = [p for p in collectors if p != owners[0]] or collectors
+            others = [p for p in collectors if p != owners[0]]
+            if not others and any(p not in clients and p != owners[0] for p in group.peers):
+                raise RoundFailed(
+                    f"round {group.round_id}: the only owner dropped every member that can collect"
+                )
+            collectors = others or collectors
         if not collectors:
             raise RoundFailed(f"round {group.round_id}: no member left to collect the confirmations")
         collector, others = collectors[0], [p for p in members if p != mine]
@@ -320,7 +325,11 @@ class Agreement:
                     self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
             elif not self._same(statements, listed):
                 split.append(peer)
-                self._blame(group, owners, statements, peer, listed)
+                # a list signed with its own key only proves something when it came straight from its
+                # member: relayed, the collector may have made it up to frame that member
+                self._blame(
+                    group, owners, statements, peer, listed, own_key=peer not in owners and not direct
+                )
         if split:
             raise SplitRound(
                 f"round {group.round_id}: {', '.join(p[-6:] for p in split)} assembled another aggregate"
@@ -344,12 +353,16 @@ class Agreement:
         statements: Sequence[Statement],
         peer: str,
         listed: list[object],
+        *,
+        own_key: bool = False,
     ) -> None:
         """Ban whoever the statements prove lied: an owner that signed two parts, or ``peer`` when its
         signed list claims a part without a valid statement of the owner (under the key that owner gave
-        us)."""
+        us) - unless the list is signed with a key only the list names (``own_key``: relayed, anyone
+        could have made it)."""
         if len(listed) != len(statements):
-            self.bans.ban(peer, "malformed confirmation", group.round_id)
+            if not own_key:
+                self.bans.ban(peer, "malformed confirmation", group.round_id)
             return
         for j, (raw, ours) in enumerate(zip(listed, statements, strict=True)):
             theirs = Statement.from_wire(raw)
@@ -361,7 +374,10 @@ class Agreement:
                 or not theirs.valid(group.group_id, j)
                 or (owner == peer and theirs.key != ours.key)
             ):
-                self.bans.ban(peer, f"confirmation of part {j} without its owner's statement", group.round_id)
+                if not own_key:
+                    self.bans.ban(
+                        peer, f"confirmation of part {j} without its owner's statement", group.round_id
+                    )
             elif theirs.key == ours.key:
                 self.bans.ban(owner, f"signed two different versions of part {j}", group.round_id)
             else:

@@ -101,69 +101,86 @@ def round_owners(
 def account_error(
     stats: Mapping[str, list[float]],
     norm: float,
-    me: int | None,
-    weight: float,
-    own_norm: float,
     *,
+    me: int,
+    weight: float,
+    counted: bool,
+    own_norm: float,
     owner: int,
+    excluded: set[int],
+    bounds: Mapping[int, float],
     cfg: SwarmConfig,
 ) -> str | None:
     """Why an only owner's aggregate (L2 ``norm``) does not match its account ``stats`` (member index ->
-    [weight, norm] of each counted contribution), or ``None``. A weighted mean's norm is at most the
-    weighted mean of the contributions' norms (triangle inequality), and this member (``me``, when the
-    owner counted it) checks its own entry: its norm as sent, its weight at most what it claimed. The
-    account is in the owner's signed digest, so every member checks the same numbers; with each member
-    vouching for its own entry an owner cannot inflate the aggregate beyond what it received. The owner's
-    own entry, which nobody else checked, is held to the group (norm within ``max_norm_ratio**2``, weight
-    within ``max_weight_ratio`` of the account's lower medians: the margins of the members' checks of
-    reduced parts, wide enough for honest unevenness)."""
-    mine = stats.get(str(owner))
-    if mine is not None and len(stats) > 1:
-        norms = {int(k): n for k, (_, n) in stats.items()}
-        weights = {int(k): w for k, (w, _) in stats.items()}
-        for what, values, ratio in (
-            ("norm", norms, cfg.max_norm_ratio**2),
-            ("weight", weights, cfg.max_weight_ratio),
-        ):
-            flagged = outliers(values, ratio)
-            if owner in flagged:
-                return f"its own contribution's {what} {flagged[owner]}"
-    if me is not None:
-        entry = stats.get(str(me))
+    [weight, norm] of each contribution it counted), or ``None``.
+
+    The account is in the owner's signed digest, so every member checks the same numbers, and each
+    member vouches for its own entry (``me``): present exactly when the owner ``counted`` it, its norm as
+    sent (``own_norm``), its weight what it claimed (less only when the claim was over the member's
+    published bound, which the owner caps; ``bounds``: index -> the most samples a member's published
+    device allows, as this member reads the records). Every entry is held to what an honest owner lets
+    in - the owner's own, which nobody else checked, included: no dropped member, a norm within
+    ``max_norm_ratio`` of the account's lower median, a weight within ``max_weight_ratio`` times its
+    published bound (or, without one, of the lower median). Then the aggregate's norm must be within the
+    weighted mean of the entries' norms (a weighted mean is never longer): with every entry vouched for
+    or bounded, the owner cannot inflate the aggregate past what it received."""
+    entries = {int(k): v for k, v in stats.items()}
+    if excluded & set(entries):
+        return "the account names a member the owner dropped"
+    entry = entries.get(me)
+    if not counted and entry is not None:
+        return "the account names this member, whose contribution was not counted"
+    if counted:
         if entry is None:
             return "this member's contribution is missing from the account"
         w, n = entry
-        if w > weight * (1 + 1e-9) or abs(n - own_norm) > 1e-9 * max(1.0, own_norm):
-            return (
-                f"this member's entry ({w:.6g}, {n:.6g}) is not what it sent ({weight:.6g}, {own_norm:.6g})"
-            )
-    total = sum(w for w, _ in stats.values())
-    bound = sum(w * n for w, n in stats.values()) / total
-    if not norm <= bound * (1 + 1e-6) + 1e-30:
-        return f"norm {norm:.6g} over the {bound:.6g} its account allows"
+        capped = me in bounds and weight > 0.5 * bounds[me]  # near its bound: the owner may cap it
+        if w > weight * (1 + 1e-9) or (w < weight * (1 - 1e-9) and not capped):
+            return f"this member's weight in the account is {w:.6g}, it claimed {weight:.6g}"
+        if abs(n - own_norm) > 1e-9 * own_norm + 1e-30:
+            return f"this member's norm in the account is {n:.6g}, it sent {own_norm:.6g}"
+    norms = {i: n for i, (_, n) in entries.items()}
+    for i, why in outliers(norms, cfg.max_norm_ratio).items():
+        who = "the owner's own" if i == owner else f"member {i}'s"
+        return f"{who} contribution's norm {why}"
+    weights = {i: w for i, (w, _) in entries.items()}
+    unbounded = outliers(weights, cfg.max_weight_ratio)
+    for i, w in weights.items():
+        bound = bounds.get(i)
+        over = w > cfg.max_weight_ratio * bound if bound is not None else i in unbounded
+        if over:
+            who = "the owner's own" if i == owner else f"member {i}'s"
+            return f"{who} weight {w:.6g} is more than its device can have done"
+    total = sum(weights.values())
+    limit = sum(w * n for w, n in entries.values()) / total
+    if not norm <= limit * (1 + 1e-6) + 1e-30:
+        return f"norm {norm:.6g} over the {limit:.6g} its account allows"
     return None
 
 
 def parse_stats(raw: object, members: int) -> dict[str, list[float]] | None:
     """An only owner's ``stats`` (member index -> [weight, norm] of each contribution it counted), or
-    ``None`` when malformed (a well-formed one has a key per counted member and finite, non-negative
-    numbers)."""
+    ``None`` when malformed (a well-formed one has canonical decimal indices of members - no aliases of
+    one index - and finite numbers, weights positive, norms not negative)."""
     if not isinstance(raw, dict) or not 0 < len(raw) <= members:
         return None
     out: dict[str, list[float]] = {}
-    for k, v in raw.items():
-        if (
-            not (isinstance(k, str) and k.isdigit() and int(k) < members)
-            or not isinstance(v, list)
-            or len(v) != 2
-        ):
-            return None
-        if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
-            return None
-        w, norm = float(v[0]), float(v[1])
-        if not (math.isfinite(w) and math.isfinite(norm) and w > 0 and norm >= 0):
-            return None
-        out[k] = [w, norm]
+    try:
+        for k, v in raw.items():
+            if not (
+                isinstance(k, str) and k.isascii() and k.isdigit() and k == str(int(k)) and int(k) < members
+            ):
+                return None
+            if not isinstance(v, list) or len(v) != 2:
+                return None
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) for x in v):
+                return None
+            w, norm = float(v[0]), float(v[1])
+            if not (math.isfinite(w) and math.isfinite(norm) and w > 0 and norm >= 0):
+                return None
+            out[k] = [w, norm]
+    except (ValueError, OverflowError):  # e.g. an integer too large for a float
+        return None
     return out
 
 
@@ -527,9 +544,9 @@ class ExactReducer:
                 excluded.setdefault(i, f"weight {why}")
         for i, (msg, w) in counted.items():
             bound = bounds.get(group.peers[i])
-            if i == me or bound is None or w <= bound:
+            if bound is None or w <= bound:
                 continue
-            if w > ratio * bound:
+            if w > ratio * bound and i != me:  # (an owner caps its own claim: the others check it)
                 why = f"weight {w:.3g} is over {ratio:g}x the {bound:.3g} samples its device can have done"
                 excluded.setdefault(i, why)
             else:  # a device faster than it published: it counts at what it can plausibly have done
@@ -697,14 +714,18 @@ class ExactReducer:
             raise RoundFailed(f"part {j} from {owners[j][-6:]} is inflated: RMS {why}")
         if n == 1 and mine is None:  # one part, nothing to compare it with: check the owner's account
             assert stats is not None
-            counted = weight > 0 and str(sender) not in answers[0][1]
+            dropped = {int(i) for i in answers[0][1] if i.isascii() and i.isdigit()}
+            published = self._claims(group.peers) if self._claims is not None else {}
             wrong = account_error(
                 stats,
                 norms[0],
-                sender if counted else None,
-                weight,
-                norm_of(parts[0]),
+                me=sender,
+                weight=weight,
+                counted=weight > 0 and sender not in dropped,
+                own_norm=norm_of(parts[0]),
                 owner=group.index_of(owners[0]),
+                excluded=dropped,
+                bounds={i: published[p] for i, p in enumerate(group.peers) if p in published},
                 cfg=self.cfg,
             )
             if wrong:
@@ -714,7 +735,7 @@ class ExactReducer:
             group.peers[int(i)]: str(r)
             for _, excluded, _ in answers
             for i, r in excluded.items()
-            if str(i).isdigit() and int(i) < len(group)
+            if str(i).isascii() and str(i).isdigit() and int(i) < len(group)
         }
         # every member still in the round assembled these same parts, or nobody commits
         statements = [s for _, _, s in answers]

@@ -17,10 +17,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
-from collab.swarm.agreement import Agreement, SplitRound, Statement, Unconfirmed, part_digest
+from collab.swarm.agreement import Agreement, SplitRound, Statement, Unconfirmed, _list_message, part_digest
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
@@ -186,3 +188,44 @@ def test_the_only_owner_of_a_small_round_cannot_hide_its_split(make_round: Calla
     assert collector not in r.banned()[victim]
     assert r.group.group_id in r.agreements[collector]._collections
     assert r.group.group_id not in r.agreements[owner]._collections, "the owner collected"
+
+
+@pytest.mark.timeout(120)
+def test_a_collector_cannot_frame_a_member_that_owns_no_part(
+    make_round: Callable[..., Round], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A list signed with a key only the list names proves nothing once relayed: a collector that makes
+    one up in an honest member's name fails the round, and nobody bans that member for it."""
+    r = make_round("8", parts=1)
+    _, collector, honest = r.peers
+    coll = r.agreements[collector]
+    collected = coll._collected
+
+    key = Ed25519PrivateKey.generate()  # the collector's own, named in the list it makes up
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+    claim = [["ab" * 32, public, "00" * 64]]  # a digest of part 0 without the owner's statement
+    made_up = {
+        "parts": claim,
+        "key": public,
+        "signature": key.sign(_list_message(r.group.group_id, claim)).hex(),
+    }
+
+    async def forging(c: Any) -> dict[str, object]:
+        return {**(await collected(c)), honest: made_up}  # what "honest" never signed
+
+    monkeypatch.setattr(coll, "_collected", forging)
+    outcome = r.confirm_all()
+    assert all(e is not None for e in outcome.values()), f"a member committed: {outcome}"
+    banned = r.banned()
+    assert all(honest not in bans for p, bans in banned.items() if p != collector), (
+        banned
+    )  # its own are its own
+
+
+@pytest.mark.timeout(120)
+def test_an_only_owner_that_drops_every_other_member_cannot_collect(make_round: Callable[..., Round]) -> None:
+    r = make_round("9", parts=1)
+    owner, a, b = r.peers
+    r.dropped = {a, b}  # what its answers would say: left alone, it would collect its own confirmation
+    outcome = r.confirm_all()
+    assert isinstance(outcome[owner], RoundFailed) and "dropped every member" in str(outcome[owner])

@@ -108,7 +108,7 @@ def _inflating(reducer: ExactReducer, *, cover: bool) -> Callable[[Any], Any]:
 
 
 @pytest.mark.timeout(120)
-@pytest.mark.parametrize(("cover", "reason"), [(False, "over the"), (True, "not what it sent")])
+@pytest.mark.parametrize(("cover", "reason"), [(False, "over the"), (True, "norm in the account")])
 def test_an_only_owner_that_inflates_the_aggregate_is_banned(
     make_trio: Callable[[str], Trio], monkeypatch: pytest.MonkeyPatch, cover: bool, reason: str
 ) -> None:
