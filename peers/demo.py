@@ -75,17 +75,23 @@ def _cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "peers", *args]
 
 
-def _stop(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, wait_s: float = 20.0) -> None:
-    """Stop a child's whole process group: ``sig`` first, SIGKILL if it lingers."""
-    if proc.poll() is None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, sig)
+def _stop(procs: list[subprocess.Popen[Any]], sig: int = signal.SIGTERM, wait_s: float = 20.0) -> None:
+    """Stop children's whole process groups: ``sig`` to all at once, SIGKILL to any still there after
+    ``wait_s`` (one wait for all: a volunteer told to leave waits for its round, whose other members
+    are leaving too)."""
+    for proc in procs:
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, sig)
+    deadline = time.monotonic() + wait_s
+    for proc in procs:
         with contextlib.suppress(subprocess.TimeoutExpired):
-            proc.wait(timeout=wait_s)
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(proc.pid, signal.SIGKILL)
-    with contextlib.suppress(subprocess.TimeoutExpired):
-        proc.wait(timeout=5)
+            proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+    for proc in procs:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=5)
 
 
 def _terminated(signum: int, frame: Any) -> None:
@@ -221,9 +227,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"demo stopped: {e or 'interrupted'} (logs in {work})", file=sys.stderr)
         return 1
     finally:
-        for p in procs:
-            _stop(p)
-        _stop(coord)
+        _stop(procs)
+        _stop([coord])
 
     logs = [_last_lines(work / f"volunteer-{i}.jsonl") for i in range(args.peers)]
     per_step = [{r["step"]: r for r in lines if "event" not in r} for lines in logs]
