@@ -238,12 +238,12 @@ class Agreement:
         clients = set(group.clients)
         collectors = [p for p in members if p not in clients]  # a client cannot be called
         if len(owners) == 1:  # the only owner does not also collect: alone, it could hide a split it made
-            others = [p for p in collectors if p != owners[0]]
-            if not others and any(p not in clients and p != owners[0] for p in group.peers):
+            not_owner = [p for p in collectors if p != owners[0]]
+            if not not_owner and any(p not in clients and p != owners[0] for p in group.peers):
                 raise RoundFailed(
                     f"round {group.round_id}: the only owner dropped every member that can collect"
                 )
-            collectors = others or collectors
+            collectors = not_owner or collectors
         if not collectors:
             raise RoundFailed(f"round {group.round_id}: no member left to collect the confirmations")
         collector, others = collectors[0], [p for p in members if p != mine]

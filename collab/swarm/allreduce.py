@@ -647,7 +647,6 @@ class ExactReducer:
                 assert own is not None
                 result = await self._await_result(own, size)
                 dropped_here = {str(i): r for i, r in result.excluded.items()}
-                stats = result.stats
                 return result.message, dropped_here, await asyncio.shield(self._statement(own, j, result))
             peer = owners[j]
             try:

@@ -1,3 +1,3 @@
-from tests.integration.swarm_harness import swarm
+from tests.integration.swarm_harness import node_trio, swarm
 
-__all__ = ["swarm"]
+__all__ = ["node_trio", "swarm"]

@@ -12,7 +12,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ import hivemind
 import pytest
 import yaml
 
+from collab.swarm.transport import SwarmNode
 from tests.conftest import COLLAB, _children
 
 
@@ -175,6 +176,25 @@ class Swarm:
             if peer.proc.poll() is None:
                 peer.proc.send_signal(signal.SIGTERM)
         return [self.finish(peer, timeout_s) for peer in peers]
+
+
+@pytest.fixture
+def node_trio() -> Iterator[Callable[[], list[SwarmNode]]]:
+    """Makes three fresh in-process nodes (each with its own p2pd, the others bootstrapped from the
+    first), in order; every node made is shut down after the test."""
+    nodes: list[SwarmNode] = []
+
+    def make() -> list[SwarmNode]:
+        first = SwarmNode()
+        nodes.append(first)
+        nodes.extend(SwarmNode(initial_peers=first.visible_maddrs()) for _ in range(2))
+        return nodes[-3:]
+
+    try:
+        yield make
+    finally:
+        for n in reversed(nodes):
+            n.shutdown()
 
 
 @pytest.fixture

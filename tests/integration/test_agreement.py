@@ -12,7 +12,7 @@ its part: another member collects, everyone sees the split and bans the owner.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -73,20 +73,9 @@ class Round:
 
 
 @pytest.fixture
-def make_round() -> Iterator[Callable[..., Round]]:
+def make_round(node_trio: Callable[[], list[SwarmNode]]) -> Callable[..., Round]:
     """Three fresh peers (each with its own p2pd) for one round; all shut down after the test."""
-    nodes: list[SwarmNode] = []
-
-    def make(tag: str, parts: int | None = None) -> Round:
-        nodes.append(SwarmNode())
-        nodes.extend(SwarmNode(initial_peers=nodes[0].visible_maddrs()) for _ in range(2))
-        return Round(nodes, tag, parts=parts)
-
-    try:
-        yield make
-    finally:
-        for n in reversed(nodes):
-            n.shutdown()
+    return lambda tag, parts=None: Round(node_trio(), tag, parts=parts)
 
 
 @pytest.mark.timeout(120)

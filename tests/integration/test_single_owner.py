@@ -13,7 +13,7 @@ outlier against the account.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -64,22 +64,15 @@ class Trio:
 
 
 @pytest.fixture
-def make_trio() -> Iterator[Callable[[str], Trio]]:
-    nodes: list[SwarmNode] = []
-
+def make_trio(node_trio: Callable[[], list[SwarmNode]]) -> Callable[[str], Trio]:
     def make(tag: str) -> Trio:
-        nodes.append(SwarmNode())
-        nodes.extend(SwarmNode(initial_peers=nodes[0].visible_maddrs()) for _ in range(2))
+        nodes = node_trio()
         trio = Trio(nodes, tag)
         # canonical order is (device, key): device indices 0, 1, 2 make nodes[0] the owner
         assert round_owners(trio.group, _msg(0), Layout.DENSE, CFG.single_owner_bytes) == [nodes[0].peer_key]
         return trio
 
-    try:
-        yield make
-    finally:
-        for n in reversed(nodes):
-            n.shutdown()
+    return make
 
 
 @pytest.mark.timeout(120)
