@@ -176,7 +176,13 @@ def test_resume_behind_the_swarm_syncs_to_it(swarm: Swarm) -> None:
     assert syncs and syncs[0]["step"] >= 15, "the swarm is ahead of the checkpoint: its state wins"
     own = resumed.steps()
     assert own and min(own) > syncs[0]["step"], "no step is trained from the old checkpoint"
+    # SIGTERM reaches the peers one by one: the last round may have gone on without one steady peer
+    # (min_group_size 2), so each step is checked against whichever steady peer took it
+    swarm_steps: dict[int, str] = {}
+    for p in steady:
+        for step, h in p.steps().items():
+            assert swarm_steps.setdefault(step, h) == h, f"the steady peers differ at step {step}"
     for step, h in own.items():
-        assert h == steady[0].steps()[step], f"the resumed peer differs from the swarm at step {step}"
+        assert h == swarm_steps[step], f"the resumed peer differs from the swarm at step {step}"
     logged = {step: h for p in [*steady, resumed] for step, h in p.steps().items()}
     assert all(s["hash"] == logged[s["step"]] for s in summaries), summaries
