@@ -40,7 +40,8 @@ skipped; banned peers (:mod:`collab.swarm.bans`) are skipped too, and refused wh
 
 **Bans are local**, so a joiner names the peers it has banned (``avoid``) and the leader never closes a
 group holding both a peer and one it bans (their round would fail at the exchange, every time): the
-accused peer stays out when a majority of the group bans it, otherwise the accuser does (answered
+accused peer stays out when a majority of the group bans it (or exactly half, where the group would
+be too small without the accusers), otherwise the accuser does (answered
 ``conflict``; it fails the round, waits for the group's members to move ahead and takes their state), so
 a peer that bans honest members only shuts itself out. The leader then suspects the peer it left out, so
 the next rounds do not wait for it. A joiner redirected to a leader it bans (its view of bans differs
@@ -117,21 +118,38 @@ JOIN_ANSWER_MARGIN_S = 0.5  # a leader answers a joiner at least this long befor
 MAX_AVOIDED = 64  # banned peers a joiner names to the leader
 
 
-def settle_bans(members: Iterable[str], avoids: dict[str, set[str]], *, keep: str) -> set[str]:
-    """The members to leave out so that no member bans another (``avoids[p]``: whom ``p`` bans): an
-    accused member goes when more than half of ``members`` ban it, otherwise its accusers go; ``keep``
-    (the leader, who refused whom it bans already) always stays. Deterministic in its inputs."""
+def settle_bans(
+    members: Iterable[str], avoids: dict[str, set[str]], *, keep: str, min_size: int = 1
+) -> set[str]:
+    """The members to leave out so that no member bans another (``avoids[p]``: whom ``p`` bans).
+
+    Accusations are settled one at a time, the most accused member first (its accusers counted among
+    the members still in): the accused goes when more than half of them ban it, otherwise its accusers
+    go. On an exact tie the accused goes only where its accusers' leaving would take the group below
+    ``min_size`` and its own would not (a CI failure, reproduced under load: a late joiner that never saw
+    the attackers' parts led two honest peers that ban an attacker; the group of four split two against
+    two, the honest pair went, and every round of the run failed). ``keep`` (the leader, who refused whom it bans already) always
+    stays; a member only ``keep`` accuses goes. Deterministic in its inputs."""
     group = set(members)
     out: set[str] = set()
-    for accused in sorted(group):
-        accusers = {a for a in sorted(group) if accused in avoids.get(a, set())}
-        if not accusers:
-            continue
-        if 2 * len(accusers) > len(group) and accused != keep:
-            out.add(accused)
-        else:
-            out |= accusers - {keep}
-    return out
+    while True:
+        accused_by = {
+            accused: {a for a in group if a != accused and accused in avoids.get(a, set())}
+            for accused in group
+        }
+        accused_by = {p: by for p, by in accused_by.items() if by}
+        if not accused_by:
+            return out
+        accused = min(accused_by, key=lambda p: (-len(accused_by[p]), p))
+        accusers = accused_by[accused]
+        leaving = accusers - {keep}
+        majority = 2 * len(accusers) > len(group)
+        tie_needs_it = (
+            2 * len(accusers) == len(group) and len(group) - len(leaving) < min_size <= len(group) - 1
+        )
+        gone = {accused} if accused != keep and (majority or tie_needs_it or not leaving) else leaving
+        group -= gone
+        out |= gone
 
 
 def leader_order(view: dict[str, AliveRecord]) -> Callable[[str], tuple[int, str]]:
@@ -643,7 +661,7 @@ class Matchmaker:
         if mine is not None:  # two diverged states never average together
             r.mismatched = {p for p in r.joiners if r.hashes.get(p) not in (None, mine)}
         candidates = [me, *(p for p in r.joiners if p not in r.mismatched)]
-        r.conflicts = settle_bans(candidates, r.avoids, keep=me)
+        r.conflicts = settle_bans(candidates, r.avoids, keep=me, min_size=self.cfg.min_group_size)
         for p in r.conflicts:  # not waited for in the next rounds (it would come, and be left out again)
             self.suspect(p)
         members = sorted(

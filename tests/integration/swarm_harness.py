@@ -141,6 +141,22 @@ class Swarm:
         self.peers.append(peer)
         return peer
 
+    def overview(self) -> str:
+        """One line per peer started (its key, last step, exit code, failed rounds, last warning): which
+        peer was where when a test fails, in a CI log that keeps only part of the peers' output."""
+        lines = []
+        for p in self.peers:
+            text = p.err.read_text() if p.err.exists() else ""
+            first = next((x for x in text.splitlines() if ": peer " in x), "")
+            key = first.split(": peer ", 1)[1].split(",", 1)[0][-6:] if first else "?"
+            failed = sum(1 for r in p.records() if r.get("event") == "round_failed")
+            warn = next((x for x in reversed(text.splitlines()) if " WARN " in x), "")[:160]
+            lines.append(
+                f"peer {p.index} {key}: step {p.last_step()}, exit {p.proc.poll()}, {failed} failed rounds"
+                + (f"; last warning: {warn}" if warn else "")
+            )
+        return "\n".join(lines)
+
     def kill(self, peer: Peer) -> None:
         """SIGKILL the peer's whole process group (peer, DHT process, p2pd)."""
         if group_alive(peer.proc.pid):
@@ -154,7 +170,7 @@ class Swarm:
                 return
             time.sleep(0.1)
         tails = "\n".join(f"--- peer {p.index}:\n" + p.err.read_text()[-1500:] for p in self.peers)
-        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{tails}")
+        raise AssertionError(f"timed out after {timeout_s}s waiting for {what}\n{self.overview()}\n{tails}")
 
     def finish(self, peer: Peer, timeout_s: float) -> dict[str, Any]:
         try:
@@ -162,10 +178,12 @@ class Swarm:
         except subprocess.TimeoutExpired:
             self.kill(peer)
             raise AssertionError(
-                f"peer {peer.index} did not finish in {timeout_s}s:\n{peer.err.read_text()[-3000:]}"
+                f"peer {peer.index} did not finish in {timeout_s}s:\n{self.overview()}\n"
+                f"{peer.err.read_text()[-3000:]}"
             ) from None
         assert peer.proc.returncode == 0, (
-            f"peer {peer.index} exited {peer.proc.returncode}:\n{peer.err.read_text()[-3000:]}"
+            f"peer {peer.index} exited {peer.proc.returncode}:\n{self.overview()}\n"
+            f"{peer.err.read_text()[-3000:]}"
         )
         return json.loads(out.strip().splitlines()[-1])
 

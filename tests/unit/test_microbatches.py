@@ -366,6 +366,18 @@ def test_settle_bans_leaves_out_the_accused_only_on_a_majority() -> None:
     # a peer that bans everyone shuts out only itself; the leader always stays
     assert settle_bans(group, {"d": {"a", "b", "c"}}, keep="a") == {"d"}
     assert settle_bans(group, {"b": {"a"}, "c": {"a"}, "d": {"a"}}, keep="a") == {"b", "c", "d"}
+    # a tie: the accusers go, unless the group would then be too small for a round and without the
+    # accused it would not (a leader that never saw an attacker's parts, two honest joiners that ban it)
+    assert settle_bans(group, {"b": {"d"}, "c": {"d"}}, keep="a") == {"b", "c"}
+    assert settle_bans(group, {"b": {"d"}, "c": {"d"}}, keep="a", min_size=3) == {"d"}
+    assert settle_bans(group, {"b": {"d"}, "c": {"d"}}, keep="a", min_size=4) == {"b", "c"}  # fails anyway
+    # one at a time, the most accused first: the attackers that ban one another go before the tie is
+    # settled (the group of a CI failure: leader L, honest H1 H2 banning X Y Z, attackers banning one another)
+    attackers = {"X", "Y", "Z"}
+    avoids = {"H1": attackers, "H2": attackers, "X": {"Y"}, "Y": {"X"}, "Z": {"X", "Y"}}
+    assert settle_bans(["L", "H1", "H2", "X", "Y", "Z"], avoids, keep="L", min_size=3) == attackers
+    # the leader's own ban is final
+    assert settle_bans(group, {"a": {"b"}}, keep="a") == {"b"}
 
 
 def test_alive_records_name_their_bans_and_order_leaders() -> None:
