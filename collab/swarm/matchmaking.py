@@ -128,8 +128,8 @@ def settle_bans(
     go. On an exact tie the accused goes only where its accusers' leaving would take the group below
     ``min_size`` and its own would not (a CI failure, reproduced under load: a late joiner that never saw
     the attackers' parts led two honest peers that ban an attacker; the group of four split two against
-    two, the honest pair went, and every round of the run failed). ``keep`` (the leader, who refused whom it bans already) always
-    stays; a member only ``keep`` accuses goes. Deterministic in its inputs."""
+    two, the honest pair went, and every round of the run failed). ``keep`` (the leader, who refused whom
+    it bans already) always stays; a member only ``keep`` accuses goes. Deterministic in its inputs."""
     group = set(members)
     out: set[str] = set()
     while True:
