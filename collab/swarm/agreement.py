@@ -2,29 +2,31 @@
 
 The exact reducer makes the aggregate bit-identical on honest members only if every part owner sends the
 same bytes to everyone. An owner that sends different bytes for its part to different members would split
-the swarm's state. So, before a member applies a round's aggregate:
+the swarm's state. So, before a member applies a round's aggregate (every signature is made with the
+peer's libp2p identity key, Ed25519, :attr:`SwarmNode.identity`, and checked under the key its peer id
+names, :func:`~collab.swarm.transport.peer_public_key`: what a statement or list says, its signer said,
+however it travelled - nobody can sign in another's name):
 
-1. **Signed parts.** The owner of part ``j`` signs a statement ``(group id, j, sha256 of the part's bytes and
-   of its list of dropped members)`` with a per-process Ed25519 key and sends it with the part; a member
-   checks the signature when the part arrives (the key is what that owner gave it, over the authenticated
-   libp2p stream).
-2. **Confirmation.** Each member signs its list of the owners' statements it holds (with the same key
-   it signed its own part with; a member that owns no part - a client, or any member but the owner of a
-   small round - with the key its list names) and sends it to the round's *collector*, the first member
+1. **Signed parts.** The owner of part ``j`` signs a statement ``(group id, j, digest of the part's bytes
+   and of its list of dropped members)`` and sends it with the part; a member checks the signature when
+   the part arrives.
+2. **Confirmation.** Each member - owner, client or any other - signs its list of the owners'
+   statements it holds and sends it to the round's *collector*, the first member
    still in the round that is not a client, nor the only owner of a small round (members some owner
    dropped are not in the round: their lists are not waited for, but they get the answer and commit with
    the others); the collector answers every member with all the signed lists once it holds
    them all, or with a failure when one is missing by ``allreduce_timeout_s``. It
    decides once: every member that gets an answer gets the same one. A member commits only when every
-   list is signed under the key its member gave with its part and lists exactly its own digests.
+   list is signed under its member's key and lists exactly its own digests.
 
 Any difference fails the round for every member that sees it - all of them, since all see all lists. The
-statements name who split: a member that holds, under the key owner ``j`` gave it, two valid signatures
-of ``j`` over different digests of part ``j`` bans ``j`` (it signed two different parts); a member whose
-signed list claims a digest without a valid statement of that owner is banned (its own signature proves
-the lie). A collector cannot forge another member's list (it would need that member's signature); a list
-that does not verify under the key its member gave us fails the round; only the collector, which got it
-straight from that member, bans the member (to anyone else the collector may have tampered with it). A
+statements name who split: a member that holds two valid signatures of owner ``j`` over different
+digests of part ``j`` bans ``j`` (it signed two different parts); a member whose signed list claims a
+digest without a valid statement of that owner is banned (its own signature proves the lie, relayed or
+not). A collector cannot forge another member's list (it would need that member's key), so the only owner
+of a small round and the collector together cannot show two members two aggregates either; a list that
+does not verify fails the round; only the collector, which got it straight from that member, bans the
+member (to anyone else the collector may have tampered with it). A
 collector that dies (or does not answer in time) fails the round for whoever waits on it, but it may have
 answered others, who then commit: a member left :class:`Unconfirmed` first waits to see whether any
 fellow member moves ahead, and then takes its state instead of redoing the step in another group (which
@@ -46,7 +48,7 @@ from dataclasses import dataclass, field
 
 import blake3
 from cryptography.exceptions import InvalidSignature
-from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey, Ed25519PublicKey
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PublicKey
 from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from collab.methods.base import RoundFailed
@@ -60,6 +62,7 @@ from collab.swarm.transport import (
     RemoteError,
     SwarmNode,
     TransportError,
+    peer_public_key,
     pieces_of,
 )
 
@@ -111,9 +114,11 @@ class Statement:
     key: str
     signature: str
 
-    def valid(self, group_id: str, j: int) -> bool:
-        """Signed by ``key`` for part ``j`` of group ``group_id`` (a statement of another group or part,
-        however genuine, is not valid here)."""
+    def valid(self, group_id: str, j: int, owner: str) -> bool:
+        """Signed for part ``j`` of group ``group_id`` by ``owner``: under the key its peer id names (a
+        statement of another group, part or owner, however genuine, is not valid here)."""
+        if self.key != peer_public_key(owner):
+            return False
         try:
             Ed25519PublicKey.from_public_bytes(bytes.fromhex(self.key)).verify(
                 bytes.fromhex(self.signature), _statement_message(group_id, j, self.digest)
@@ -139,7 +144,9 @@ class Agreement:
 
     def __init__(self, *, node: SwarmNode, timing: Timing, bans: Bans) -> None:
         self.node, self.timing, self.bans = node, timing, bans
-        self._key = Ed25519PrivateKey.generate()
+        if node.identity is None:
+            raise ValueError("this peer's libp2p identity is not an Ed25519 key: it cannot sign its rounds")
+        self._key = node.identity  # the key its peer id names: its statements and lists are its own word
         self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
         self._collections: dict[str, _Collection] = {}  # group id -> the lists, as that round's collector
         self._pruned_at = 0.0  # when old collections were last dropped
@@ -155,9 +162,9 @@ class Agreement:
         """The owner of part ``j``'s (default ``group.owners[j]``) statement on the part this member
         received (``digest``); an owner that sent none, or one that does not match the part, is banned and
         the round fails."""
+        owner = owner or group.owners[j]
         stmt = Statement.from_wire(raw)
-        if stmt is None or stmt.digest != digest or not stmt.valid(group.group_id, j):
-            owner = owner or group.owners[j]
+        if stmt is None or stmt.digest != digest or not stmt.valid(group.group_id, j, owner):
             self.bans.ban(owner, "part without a valid signed statement", group.round_id)
             raise RoundFailed(f"part {j} from {owner[-6:]} carries no valid statement")
         return stmt
@@ -310,26 +317,17 @@ class Agreement:
             raise RoundFailed(f"round {group.round_id}: malformed confirmation")
         split, unverified = [], []
         for peer, raw in lists.items():
-            key: object = None
-            if peer in owners:  # signed with the key it signed its part with
-                key = statements[owners.index(peer)].key
-            elif peer in group.peers and isinstance(raw, dict):
-                # a member that owns no part (a client, or any member but the owner of a small round):
-                # its list's own key (a collector that forged it could only hide a split from the others
-                # that this member itself sees, and then it does not commit)
-                key = raw.get("key")
-            listed = _verified_parts(group.group_id, raw, key) if isinstance(key, str) else None
+            # every list counts only under the key its member's peer id names: nobody - a collector
+            # least of all - can sign one in another member's name
+            key = peer_public_key(peer) if peer in group.peers else None
+            listed = _verified_parts(group.group_id, raw, key) if key is not None else None
             if listed is None:
                 unverified.append(str(peer)[-6:])
-                if direct and peer in group.peers:
-                    self.bans.ban(peer, "confirmation not signed with its part's key", group.round_id)
+                if direct and peer in group.peers:  # it came straight from that member
+                    self.bans.ban(peer, "confirmation not signed with its peer id's key", group.round_id)
             elif not self._same(statements, listed):
                 split.append(peer)
-                # a list signed with its own key only proves something when it came straight from its
-                # member: relayed, the collector may have made it up to frame that member
-                self._blame(
-                    group, owners, statements, peer, listed, own_key=peer not in owners and not direct
-                )
+                self._blame(group, owners, statements, peer, listed)
         if split:
             raise SplitRound(
                 f"round {group.round_id}: {', '.join(p[-6:] for p in split)} assembled another aggregate"
@@ -353,40 +351,22 @@ class Agreement:
         statements: Sequence[Statement],
         peer: str,
         listed: list[object],
-        *,
-        own_key: bool = False,
     ) -> None:
-        """Ban whoever the statements prove lied: an owner that signed two parts, or ``peer`` when its
-        signed list claims a part without a valid statement of the owner (under the key that owner gave
-        us) - unless the list is signed with a key only the list names (``own_key``: relayed, anyone
-        could have made it)."""
+        """Ban whoever the signed words prove lied (each signed under its signer's peer id key, relayed or
+        not): an owner that signed two versions of its part, or ``peer`` when its list claims a part
+        without that owner's valid statement."""
         if len(listed) != len(statements):
-            if not own_key:
-                self.bans.ban(peer, "malformed confirmation", group.round_id)
+            self.bans.ban(peer, "malformed confirmation", group.round_id)
             return
         for j, (raw, ours) in enumerate(zip(listed, statements, strict=True)):
             theirs = Statement.from_wire(raw)
-            if theirs is not None and theirs.digest == ours.digest:
+            if theirs is not None and theirs.digest == ours.digest and theirs.key == ours.key:
                 continue
             owner = owners[j]
-            if (
-                theirs is None
-                or not theirs.valid(group.group_id, j)
-                or (owner == peer and theirs.key != ours.key)
-            ):
-                if not own_key:
-                    self.bans.ban(
-                        peer, f"confirmation of part {j} without its owner's statement", group.round_id
-                    )
-            elif theirs.key == ours.key:
-                self.bans.ban(owner, f"signed two different versions of part {j}", group.round_id)
+            if theirs is None or not theirs.valid(group.group_id, j, owner):
+                self.bans.ban(peer, f"confirmation of part {j} without its owner's statement", group.round_id)
             else:
-                logger.warning(
-                    "round %s: part %d from %s came with two keys; nobody to blame",
-                    group.round_id,
-                    j,
-                    owner[-6:],
-                )
+                self.bans.ban(owner, f"signed two different versions of part {j}", group.round_id)
 
 
 @dataclass
@@ -438,8 +418,8 @@ def _signed_list_shape(payload: bytes | bytearray) -> dict[str, object] | None:
 
 
 def _verified_parts(group_id: str, raw: object, key: str) -> list[object] | None:
-    """The statements a member's signed list holds, when the list is signed under ``key`` (the key that
-    member gave us with its part); ``None`` otherwise."""
+    """The statements a member's signed list holds, when the list is signed under ``key`` (the key its
+    peer id names); ``None`` otherwise."""
     if not isinstance(raw, dict) or raw.get("key") != key:
         return None
     parts, signature = raw.get("parts"), raw.get("signature")

@@ -20,14 +20,21 @@ import json
 import logging
 import mmap
 import os
+import shutil
+import tempfile
 import threading
 import time
 from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
+import base58
 import hivemind
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import Encoding, NoEncryption, PrivateFormat, PublicFormat
+from google.protobuf.message import DecodeError
 from hivemind.p2p import PeerID
+from hivemind.proto import crypto_pb2
 
 from collab.swarm.access import Access, AccessDenied
 
@@ -45,9 +52,9 @@ Sink = Callable[[Header, int], Sequence[memoryview] | None]
 TAKEN = memoryview(b"")  # returned for a payload that went into the call's sink (compare with ``is``)
 
 # Bumped whenever peers of two versions could not complete a round together (3: BLAKE3 part digests
-# and state chunk digests; 4: small rounds through one owner); matchmaking keeps peers of different
-# protocols out of each other's groups.
-WIRE_PROTOCOL = 4
+# and state chunk digests; 4: small rounds through one owner; 5: statements and lists signed with the
+# peer's identity key); matchmaking keeps peers of different protocols out of each other's groups.
+WIRE_PROTOCOL = 5
 MAX_HEADER_BYTES = 64 * 1024
 IO_SLICE = 1 << 20  # large payloads are written and read in slices of this many bytes (at most)
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
@@ -201,34 +208,47 @@ class SwarmNode:
         self.bytes_sent = 0
         self.bytes_received = 0
         kwargs: dict[str, Any] = {}
+        # The libp2p identity is an Ed25519 key this process holds: a peer id then names its public key,
+        # so what a peer signs with :attr:`identity` anyone can check against its id (see agreement.py).
+        fresh_dir: str | None = None
         if identity_path:
             _ensure_identity(identity_path)
-            kwargs["identity_path"] = identity_path
+        else:  # a fresh identity, handed to p2pd in a private file that is removed once it started
+            fresh_dir = tempfile.mkdtemp(prefix="collab-id-")
+            identity_path = os.path.join(fresh_dir, "identity.key")
+            write_identity(identity_path, Ed25519PrivateKey.generate())
+            kwargs["check_if_identity_free"] = False  # a key made just now: nobody else holds it
+        self.identity: Ed25519PrivateKey | None = read_identity(identity_path)
+        kwargs["identity_path"] = identity_path
         if auto_relay:  # libp2p looks for relays through which others can reach this peer (behind NAT)
             kwargs["use_auto_relay"] = True
         if access is not None:  # every DHT request signed with our token, every incoming one checked
             kwargs["authorizer"] = access.authorizer
-        for attempt in range(BOOTSTRAP_ATTEMPTS):
-            try:
-                self.dht = hivemind.DHT(
-                    initial_peers=list(initial_peers),
-                    # a client (behind NAT) listens nowhere: it dials out, and only the peers it dialed
-                    # can reach it, over that connection
-                    host_maddrs=[] if client_mode else [f"/ip4/{host}/tcp/{port}"],
-                    no_listen=client_mode,
-                    client_mode=client_mode,
-                    record_validators=list(record_validators),
-                    ensure_bootstrap_success=ensure_bootstrap_success,
-                    start=True,
-                    await_ready=True,
-                    **kwargs,
-                )
-                break
-            except Exception as e:  # a busy peer may miss a ping: try again before giving up
-                if "bootstrap failed" not in str(e) or attempt == BOOTSTRAP_ATTEMPTS - 1:
-                    raise
-                logger.warning("joining the DHT failed (%s); retrying", e)
-                time.sleep(2.0 * (attempt + 1))
+        try:
+            for attempt in range(BOOTSTRAP_ATTEMPTS):
+                try:
+                    self.dht = hivemind.DHT(
+                        initial_peers=list(initial_peers),
+                        # a client (behind NAT) listens nowhere: it dials out, and only the peers it dialed
+                        # can reach it, over that connection
+                        host_maddrs=[] if client_mode else [f"/ip4/{host}/tcp/{port}"],
+                        no_listen=client_mode,
+                        client_mode=client_mode,
+                        record_validators=list(record_validators),
+                        ensure_bootstrap_success=ensure_bootstrap_success,
+                        start=True,
+                        await_ready=True,
+                        **kwargs,
+                    )
+                    break
+                except Exception as e:  # a busy peer may miss a ping: try again before giving up
+                    if "bootstrap failed" not in str(e) or attempt == BOOTSTRAP_ATTEMPTS - 1:
+                        raise
+                    logger.warning("joining the DHT failed (%s); retrying", e)
+                    time.sleep(2.0 * (attempt + 1))
+        finally:  # p2pd has read it (or will never start): the key lives on in this process only
+            if fresh_dir is not None:
+                _remove_fresh_identity(fresh_dir)
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(target=self._loop.run_forever, name="collab-swarm", daemon=True)
         self._thread.start()
@@ -447,17 +467,64 @@ class SwarmNode:
         self.dht.shutdown()
 
 
+# A peer id of an Ed25519 key: the identity multihash (0x00, length 36) of the key's protobuf
+# (key type 1, 32 bytes of key): the key is in the id itself.
+_ED25519_PEER_ID = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
+
+
+def write_identity(path: str, key: Ed25519PrivateKey) -> str:
+    """Write ``key`` as a libp2p identity file (readable by its owner only; created, never overwritten)
+    and return the peer key (base58 peer id) it gives."""
+    seed = key.private_bytes(Encoding.Raw, PrivateFormat.Raw, NoEncryption())
+    public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
+    blob = crypto_pb2.PrivateKey(key_type=crypto_pb2.KeyType.Ed25519, data=seed + public).SerializeToString()
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(blob)
+    return base58.b58encode(_ED25519_PEER_ID + public).decode()
+
+
+def read_identity(path: str) -> Ed25519PrivateKey | None:
+    """The Ed25519 key of a libp2p identity file (``None`` for another kind of key, e.g. an RSA identity
+    made by an older version: such a peer can serve the DHT, not sign its part of a round)."""
+    pb = crypto_pb2.PrivateKey()
+    try:
+        pb.ParseFromString(Path(path).read_bytes())
+    except DecodeError:  # not ours to judge: p2pd says what is wrong with it
+        return None
+    if pb.key_type != crypto_pb2.KeyType.Ed25519 or len(pb.data) < 32:
+        return None
+    return Ed25519PrivateKey.from_private_bytes(pb.data[:32])
+
+
+def peer_public_key(peer_key: str) -> str | None:
+    """The Ed25519 public key (hex) that the peer id ``peer_key`` names, or ``None`` when it names
+    another kind of key. A libp2p stream from ``peer_key`` proves the remote holds that key's secret."""
+    try:
+        raw = base58.b58decode(peer_key)
+    except ValueError:
+        return None
+    if len(raw) != len(_ED25519_PEER_ID) + 32 or not raw.startswith(_ED25519_PEER_ID):
+        return None
+    return raw[len(_ED25519_PEER_ID) :].hex()
+
+
+def _remove_fresh_identity(directory: str) -> None:
+    with contextlib.suppress(OSError):
+        shutil.rmtree(directory)
+
+
 def _ensure_identity(path: str) -> None:
-    """Create the libp2p identity file atomically (hivemind writes it in place: a crash at that moment
-    would leave a truncated key that no later start could read)."""
+    """Create the libp2p identity file (an Ed25519 key) atomically, unless it exists: a crash while
+    writing in place would leave a truncated key that no later start could read."""
     target = Path(path)
     if target.exists():
         return
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(target.name + f".{os.getpid()}.tmp")
-    from hivemind.p2p import P2P
-
-    P2P.generate_identity(str(tmp))
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()
+    write_identity(str(tmp), Ed25519PrivateKey.generate())
     os.replace(tmp, target)
 
 

@@ -6,14 +6,16 @@ and answers all of them. Honest lists: everyone commits, a member some owner dro
 that signed two versions of its part: nobody commits and everyone bans that owner. A member whose list is
 not signed with its part's key: nobody commits and the collector (which got the list straight from it)
 bans it. A collector that swaps one member's list for another's to hide a split: nobody commits, because
-a list only counts under the key its member signed its part with. A small round's only owner that splits
-its part: another member collects, everyone sees the split and bans the owner.
+a list only counts under the key its member's peer id names. A small round's only owner that splits its
+part: another member collects, everyone sees the split and bans the owner; with the collector in league,
+the lists it makes up in other members' names do not verify, and nobody commits a split.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -26,7 +28,7 @@ from collab.swarm.agreement import Agreement, SplitRound, Statement, Unconfirmed
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
-from collab.swarm.transport import SwarmNode
+from collab.swarm.transport import SwarmNode, write_identity
 
 TIMING = Timing.of(SwarmConfig(allreduce_timeout_s=3.0))
 
@@ -183,8 +185,9 @@ def test_the_only_owner_of_a_small_round_cannot_hide_its_split(make_round: Calla
 def test_a_collector_cannot_frame_a_member_that_owns_no_part(
     make_round: Callable[..., Round], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """A list signed with a key only the list names proves nothing once relayed: a collector that makes
-    one up in an honest member's name fails the round, and nobody bans that member for it."""
+    """A collector that makes up a list in an honest member's name (signed with a key of its own, which
+    the list names) fails the round, and nobody bans that member for it: the list does not verify under
+    the key the member's peer id names."""
     r = make_round("8", parts=1)
     _, collector, honest = r.peers
     coll = r.agreements[collector]
@@ -218,3 +221,47 @@ def test_an_only_owner_that_drops_every_other_member_cannot_collect(make_round: 
     r.dropped = {a, b}  # what its answers would say: left alone, it would collect its own confirmation
     outcome = r.confirm_all()
     assert isinstance(outcome[owner], RoundFailed) and "dropped every member" in str(outcome[owner])
+
+
+@pytest.mark.timeout(120)
+def test_the_only_owner_and_the_collector_together_cannot_split_two_members(
+    make_round: Callable[..., Round], tmp_path: Path
+) -> None:
+    """A small round's only owner gives two members two versions of the aggregate, and the collector (in
+    league with it) shows each member a list in the other's name that agrees with its own version. Every
+    list counts only under the key its member's peer id names, so the made-up lists do not verify: the
+    member fails the round instead of committing (before the binding it committed, and the two members'
+    states split). The other member's real list shows the split and bans the owner."""
+    r = make_round("10", parts=1)
+    owner, collector, member = r.peers
+    other_key = Ed25519PrivateKey.generate()  # a fourth member; its p2pd is not needed to judge lists
+    other = write_identity(str(tmp_path / "other.key"), other_key)
+    group = Group(r.group.round_id, tuple(sorted([*r.group.members, (3, other)])), "10")
+    gid = group.group_id
+
+    def version(blob: bytes) -> Statement:
+        return r.agreements[owner].sign(gid, 0, part_digest(gid, 0, blob, {}))
+
+    def signed(key: Ed25519PrivateKey, held: list[Statement]) -> dict[str, object]:
+        parts = [s.to_wire() for s in held]
+        public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+        return {"parts": parts, "key": public, "signature": key.sign(_list_message(gid, parts)).hex()}
+
+    a, b = version(b"version A"), version(b"version B")  # `member` got A, `other` got B
+    lists = {p: r.agreements[p]._signed_list(gid, [a]) for p in (owner, collector, member)}
+    forger = Ed25519PrivateKey.generate()  # the collector's own key, named in the list it makes up
+
+    def judge(other_list: dict[str, object]) -> RoundFailed | None:
+        try:
+            r.agreements[member]._judge(
+                group, [owner], [a], {**lists, other: other_list}, group.peers, direct=False
+            )
+        except RoundFailed as e:
+            return e
+        return None
+
+    made_up = judge(signed(forger, [a]))
+    assert made_up is not None and not isinstance(made_up, SplitRound), "a made-up list let the member commit"
+    assert judge(signed(other_key, [a])) is None, "the member's own key: its list counts"
+    assert isinstance(judge(signed(other_key, [b])), SplitRound)
+    assert owner in r.banned()[member], "two signed versions of one part: the owner is banned"
