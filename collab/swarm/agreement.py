@@ -43,6 +43,7 @@ import asyncio
 import json
 import logging
 import time
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
@@ -73,6 +74,7 @@ _DOMAIN = b"collab-part-v3|"  # v3: parts digested with BLAKE3
 _LIST_DOMAIN = b"collab-confirm-v1|"
 MAX_CONFIRM_BYTES = 64 * 1024  # a signed list: ~330 bytes per part
 MAX_LISTS = 256  # signed lists one collection holds (more than any group has members)
+SIGNED_MEMORY = 65536  # (group, part) statements an owner remembers signing: hours of rounds
 
 
 class SplitRound(RoundFailed):
@@ -148,13 +150,24 @@ class Agreement:
             raise ValueError("this peer's libp2p identity is not an Ed25519 key: it cannot sign its rounds")
         self._key = node.identity  # the key its peer id names: its statements and lists are its own word
         self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
+        if peer_public_key(node.peer_key) != self.public:  # p2pd runs another key: all we sign would fail
+            raise ValueError(f"peer id {node.peer_key} does not name this peer's identity key")
         self._collections: dict[str, _Collection] = {}  # group id -> the lists, as that round's collector
+        self._signed: OrderedDict[tuple[str, int], str] = OrderedDict()  # (group id, part) -> digest signed
         self._pruned_at = 0.0  # when old collections were last dropped
         node.serve(CONFIRM, self._handle, max_payload=MAX_CONFIRM_BYTES)
 
     # ---- statements ---------------------------------------------------------------------------------
     def sign(self, group_id: str, j: int, digest: str) -> Statement:
-        """This owner's statement on part ``j`` of group ``group_id``."""
+        """This owner's statement on part ``j`` of group ``group_id``. Never two digests for one part: a
+        leader that reuses a group id for a retried round (its nonce is the leader's to choose) would
+        otherwise get an honest owner to sign two versions, which bans it (found on review)."""
+        signed = self._signed.get((group_id, j))
+        if signed is not None and signed != digest:
+            raise RoundFailed(f"part {j} of group {group_id[:12]} was signed already: a reused group id")
+        self._signed[(group_id, j)] = digest
+        while len(self._signed) > SIGNED_MEMORY:
+            self._signed.popitem(last=False)
         signature = self._key.sign(_statement_message(group_id, j, digest)).hex()
         return Statement(digest, self.public, signature)
 

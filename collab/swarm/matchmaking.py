@@ -123,33 +123,48 @@ def settle_bans(
 ) -> set[str]:
     """The members to leave out so that no member bans another (``avoids[p]``: whom ``p`` bans).
 
-    Accusations are settled one at a time, the most accused member first (its accusers counted among
-    the members still in): the accused goes when more than half of them ban it, otherwise its accusers
-    go. On an exact tie the accused goes only where its accusers' leaving would take the group below
-    ``min_size`` and its own would not (a CI failure, reproduced under load: a late joiner that never saw
-    the attackers' parts led two honest peers that ban an attacker; the group of four split two against
-    two, the honest pair went, and every round of the run failed). ``keep`` (the leader, who refused whom
+    First the accused that more than half of the members still in ban go, one at a time, the most
+    accused first; so does one that exactly half ban where its accusers' leaving would take the group
+    below ``min_size`` and its own would not (a CI failure, reproduced under load: a late joiner that
+    never saw the attackers' parts led two honest peers that ban an attacker; the group of four split two
+    against two, the honest pair went, and every round of the run failed). Only accused members leave in
+    this pass, so attackers cannot shrink the group to turn a minority into a majority: an accuser's
+    leaving never changes a count, and an accused one's takes its own accusations with it. Then, for each
+    accusation left (the fewest accusers first), the accusers go. ``keep`` (the leader, who refused whom
     it bans already) always stays; a member only ``keep`` accuses goes. Deterministic in its inputs."""
     group = set(members)
+    accused_by: dict[str, set[str]] = {}
+    for accuser in group:
+        for accused in avoids.get(accuser, set()):
+            if accused in group and accused != accuser:
+                accused_by.setdefault(accused, set()).add(accuser)
     out: set[str] = set()
-    while True:
-        accused_by = {
-            accused: {a for a in group if a != accused and accused in avoids.get(a, set())}
-            for accused in group
-        }
-        accused_by = {p: by for p, by in accused_by.items() if by}
-        if not accused_by:
-            return out
-        accused = min(accused_by, key=lambda p: (-len(accused_by[p]), p))
-        accusers = accused_by[accused]
+
+    def leave(peer: str) -> None:
+        group.discard(peer)
+        out.add(peer)
+        accused_by.pop(peer, None)
+        for accusers in accused_by.values():
+            accusers.discard(peer)
+
+    while True:  # the accused a majority (or a needed half) bans
+        size = len(group)
+        for accused in sorted(accused_by, key=lambda p: (-len(accused_by[p]), p)):
+            accusers = accused_by[accused]
+            tie_needs_it = 2 * len(accusers) == size and size - len(accusers - {keep}) < min_size <= size - 1
+            if accused != keep and accusers and (2 * len(accusers) > size or tie_needs_it):
+                leave(accused)
+                break
+        else:
+            break
+    for accused in sorted(accused_by, key=lambda p: (len(accused_by[p]), p)):  # then the accusers
+        accusers = accused_by.get(accused, set())
+        if accused not in group or not accusers:
+            continue
         leaving = accusers - {keep}
-        majority = 2 * len(accusers) > len(group)
-        tie_needs_it = (
-            2 * len(accusers) == len(group) and len(group) - len(leaving) < min_size <= len(group) - 1
-        )
-        gone = {accused} if accused != keep and (majority or tie_needs_it or not leaving) else leaving
-        group -= gone
-        out |= gone
+        for peer in sorted(leaving or ({accused} - {keep})):
+            leave(peer)
+    return out
 
 
 def leader_order(view: dict[str, AliveRecord]) -> Callable[[str], tuple[int, str]]:

@@ -470,6 +470,7 @@ class SwarmNode:
 # A peer id of an Ed25519 key: the identity multihash (0x00, length 36) of the key's protobuf
 # (key type 1, 32 bytes of key): the key is in the id itself.
 _ED25519_PEER_ID = bytes([0x00, 0x24, 0x08, 0x01, 0x12, 0x20])
+MAX_PEER_KEY_CHARS = 128  # an Ed25519 peer id is 52 characters of base58
 
 
 def write_identity(path: str, key: Ed25519PrivateKey) -> str:
@@ -500,11 +501,15 @@ def read_identity(path: str) -> Ed25519PrivateKey | None:
 def peer_public_key(peer_key: str) -> str | None:
     """The Ed25519 public key (hex) that the peer id ``peer_key`` names, or ``None`` when it names
     another kind of key. A libp2p stream from ``peer_key`` proves the remote holds that key's secret."""
+    if len(peer_key) > MAX_PEER_KEY_CHARS:  # base58 decoding is quadratic: judge the length first
+        return None
     try:
         raw = base58.b58decode(peer_key)
     except ValueError:
         return None
     if len(raw) != len(_ED25519_PEER_ID) + 32 or not raw.startswith(_ED25519_PEER_ID):
+        return None
+    if base58.b58encode(raw).decode() != peer_key:  # one spelling per key (the decoder skips spaces)
         return None
     return raw[len(_ED25519_PEER_ID) :].hex()
 

@@ -24,13 +24,27 @@ from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
 
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
-from collab.swarm.agreement import Agreement, SplitRound, Statement, Unconfirmed, _list_message, part_digest
+from collab.swarm.agreement import (
+    Agreement,
+    SplitRound,
+    Statement,
+    Unconfirmed,
+    _list_message,
+    _statement_message,
+    part_digest,
+)
 from collab.swarm.bans import Bans
 from collab.swarm.matchmaking import Group
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode, write_identity
 
 TIMING = Timing.of(SwarmConfig(allreduce_timeout_s=3.0))
+
+
+def signed_anyway(owner: Agreement, group_id: str, j: int, blob: bytes) -> Statement:
+    """``owner``'s statement on part ``j`` made past :meth:`Agreement.sign`'s refusal of a second version."""
+    digest = part_digest(group_id, j, blob, {})
+    return Statement(digest, owner.public, owner._key.sign(_statement_message(group_id, j, digest)).hex())
 
 
 class Round:
@@ -52,6 +66,10 @@ class Round:
     def statement(self, j: int, blob: bytes) -> Statement:
         owner = self.agreements[self.peers[j]]
         return owner.sign(self.group.group_id, j, part_digest(self.group.group_id, j, blob, {}))
+
+    def second_version(self, j: int, blob: bytes) -> Statement:
+        """What a hostile owner of part ``j`` signs besides its first version (an honest one refuses)."""
+        return signed_anyway(self.agreements[self.peers[j]], self.group.group_id, j, blob)
 
     def confirm_all(self, silent: frozenset[str] = frozenset()) -> dict[str, BaseException | None]:
         """Every member (but the ``silent`` ones) confirms at once; ``None``: it would commit."""
@@ -107,7 +125,7 @@ def test_a_missing_list_leaves_every_member_unconfirmed(make_round: Callable[[st
 def test_an_owner_that_signed_two_versions_is_banned_by_everyone(make_round: Callable[[str], Round]) -> None:
     r = make_round("2")
     owner, victim = r.peers[1], r.peers[2]
-    r.held[victim][1] = r.statement(1, b"another part 1")  # the owner sent the victim other bytes
+    r.held[victim][1] = r.second_version(1, b"another part 1")  # the owner sent the victim other bytes
     outcome = r.confirm_all()
     assert all(isinstance(e, SplitRound) for e in outcome.values()), outcome
     assert all(owner in bans for p, bans in r.banned().items() if p != owner), r.banned()
@@ -137,7 +155,7 @@ def test_a_collector_cannot_hide_a_split(
 ) -> None:
     r = make_round("4")
     collector, honest, victim = r.peers
-    r.held[victim][1] = r.statement(1, b"another part 1")  # owner 1 splits ...
+    r.held[victim][1] = r.second_version(1, b"another part 1")  # owner 1 splits ...
     coll = r.agreements[collector]
     collected = coll._collected
 
@@ -171,7 +189,7 @@ def test_a_replayed_statement_frames_nobody_but_its_replayer(make_round: Callabl
 def test_the_only_owner_of_a_small_round_cannot_hide_its_split(make_round: Callable[..., Round]) -> None:
     r = make_round("7", parts=1)
     owner, collector, victim = r.peers
-    r.held[victim][0] = r.statement(0, b"another part 0")  # the only owner sent the victim other bytes
+    r.held[victim][0] = r.second_version(0, b"another part 0")  # the only owner sent the victim other bytes
     outcome = r.confirm_all()
     # the owner does not collect (alone it could show each member its own version): another member does
     assert all(isinstance(e, SplitRound) for e in outcome.values()), outcome
@@ -247,7 +265,8 @@ def test_the_only_owner_and_the_collector_together_cannot_split_two_members(
         public = key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex()
         return {"parts": parts, "key": public, "signature": key.sign(_list_message(gid, parts)).hex()}
 
-    a, b = version(b"version A"), version(b"version B")  # `member` got A, `other` got B
+    a = version(b"version A")  # what `member` got; `other` got B
+    b = signed_anyway(r.agreements[owner], gid, 0, b"version B")
     lists = {p: r.agreements[p]._signed_list(gid, [a]) for p in (owner, collector, member)}
     forger = Ed25519PrivateKey.generate()  # the collector's own key, named in the list it makes up
 
@@ -265,3 +284,17 @@ def test_the_only_owner_and_the_collector_together_cannot_split_two_members(
     assert judge(signed(other_key, [a])) is None, "the member's own key: its list counts"
     assert isinstance(judge(signed(other_key, [b])), SplitRound)
     assert owner in r.banned()[member], "two signed versions of one part: the owner is banned"
+
+
+@pytest.mark.timeout(120)
+def test_an_owner_never_signs_two_versions_of_one_part(make_round: Callable[..., Round]) -> None:
+    """A leader chooses the group's nonce: one that reuses a group id for a retried round could get an
+    honest owner to sign two versions of a part, and have it banned for them. It signs one per part."""
+    r = make_round("11")
+    owner = r.agreements[r.peers[0]]
+    gid = "reused-group-id"
+    first = owner.sign(gid, 0, part_digest(gid, 0, b"first attempt", {}))
+    assert owner.sign(gid, 0, first.digest) == first, "the same part again: the same statement"
+    with pytest.raises(RoundFailed, match="signed already"):
+        owner.sign(gid, 0, part_digest(gid, 0, b"the retried round's part", {}))
+    owner.sign(gid, 1, part_digest(gid, 1, b"another part", {}))  # other parts are other statements

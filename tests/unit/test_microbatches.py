@@ -378,6 +378,13 @@ def test_settle_bans_leaves_out_the_accused_only_on_a_majority() -> None:
     assert settle_bans(["L", "H1", "H2", "X", "Y", "Z"], avoids, keep="L", min_size=3) == attackers
     # the leader's own ban is final
     assert settle_bans(group, {"a": {"b"}}, keep="a") == {"b"}
+    # a minority cannot shrink the group to win a count (found on review): S is caught by four honest
+    # peers, S and two more attackers ban the honest H; judged among the members left once S's accusers
+    # went, H's three accusers would be a majority of five. Only accused members leave by count.
+    members = ["K", "H", "W", "X", "Y", "Z", "A1", "A2", "S"]
+    plot = {p: {"S"} for p in "WXYZ"} | {"A1": {"H"}, "A2": {"H"}, "S": {"H"}}
+    assert settle_bans(members, plot, keep="K") == {"A1", "A2", "S"}
+    assert settle_bans(members, plot, keep="K", min_size=4) == {"A1", "A2", "S"}
 
 
 def test_alive_records_name_their_bans_and_order_leaders() -> None:
