@@ -88,7 +88,7 @@ class Text2ImageTaskConfig(_Section):
     layers: int = Field(3, ge=1, le=48, description="transformer layers")
     hidden: int = Field(96, ge=8, le=4096, description="transformer hidden size")
     heads: int = Field(4, ge=1, le=64, description="attention heads (must divide hidden)")
-    train_scenes: int = Field(6000, ge=1, le=1_000_000, description="training scenes, all shards together")
+    train_scenes: int = Field(40000, ge=1, le=1_000_000, description="training scenes, all shards together")
     eval_scenes: int = Field(64, ge=1, le=10_000, description="scenes in the evaluation batch of the loss")
     prompts: list[Annotated[str, Field(max_length=200)]] = Field(
         default_factory=list, max_length=64, description="prompts of the run's sample gallery"

@@ -82,7 +82,7 @@ def text2image(
     layers: int = 3,
     hidden: int = 96,
     heads: int = 4,
-    train_scenes: int = 6000,
+    train_scenes: int = 40000,
     eval_scenes: int = 64,
 ) -> TorchProblem:
     """Options: ``layers``, ``hidden``, ``heads`` of the transformer; ``train_scenes`` (all shards
@@ -104,7 +104,12 @@ def text2image(
     )
     torch.manual_seed(torch_seed(seed, 0, "text2image-init") % 2**31)
     model = GPT2LMHeadModel(config)
-    rows = torch.stack([encode(s) for s in scenes.scenes(seed, train_scenes)])
+    trained = scenes.scenes(seed, train_scenes)
+    encoded: dict[scenes.Scene, torch.Tensor] = {}  # scenes repeat: encode each one once
+    for scene in trained:
+        if scene not in encoded:
+            encoded[scene] = encode(scene)
+    rows = torch.stack([encoded[s] for s in trained])
     held = torch.stack([encode(s) for s in scenes.scenes(seed + 1, eval_scenes)])
     g = torch.Generator().manual_seed(torch_seed(seed, 0, "text2image-eval"))
     return TorchProblem(
