@@ -43,7 +43,7 @@ def main() -> None:
     src.add_argument("--checkpoint", help="a text2image checkpoint (collab join --checkpoint, demo's .state)")
     src.add_argument("--simulate", metavar="CONFIG", help="run collab simulate of this config, score its end")
     p.add_argument("--max-steps", type=int, default=None, help="with --simulate: override max_steps")
-    p.add_argument("--prompts", type=int, default=200, help="prompts per set (default 200)")
+    p.add_argument("--prompts", type=int, default=1000, help="prompts per set (default 1000: +-3 points)")
     p.add_argument("--grid", metavar="PNG", help="also draw the gallery prompts into this PNG")
     p.add_argument("--json", action="store_true", help="end with one JSON object")
     p.add_argument("--save", metavar="PATH", help="with --simulate: write the final state as a checkpoint")
