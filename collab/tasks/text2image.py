@@ -105,10 +105,7 @@ def text2image(
     torch.manual_seed(torch_seed(seed, 0, "text2image-init") % 2**31)
     model = GPT2LMHeadModel(config)
     trained = scenes.scenes(seed, train_scenes)
-    encoded: dict[scenes.Scene, torch.Tensor] = {}  # scenes repeat: encode each one once
-    for scene in trained:
-        if scene not in encoded:
-            encoded[scene] = encode(scene)
+    encoded = {scene: encode(scene) for scene in set(trained)}  # scenes repeat: encode each one once
     rows = torch.stack([encoded[s] for s in trained])
     held = torch.stack([encode(s) for s in scenes.scenes(seed + 1, eval_scenes)])
     g = torch.Generator().manual_seed(torch_seed(seed, 0, "text2image-eval"))
