@@ -81,7 +81,7 @@ def text2image(
     seed: int,
     layers: int = 3,
     hidden: int = 96,
-    heads: int = 4,
+    heads: int = 8,
     train_scenes: int = 40000,
     eval_scenes: int = 64,
 ) -> TorchProblem:
