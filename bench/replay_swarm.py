@@ -38,7 +38,7 @@ def main() -> None:
             # a step's line, or the state adopted at that step; after a download the last one wins
             swarm[record["step"]] = record["hash"]
     task = build_task(cfg)
-    method = build_method(cfg, task, SimulatedAggregator(num_devices=cfg.num_devices), range(cfg.num_devices))
+    method = build_method(cfg, task, SimulatedAggregator.for_run(cfg), range(cfg.num_devices))
     method.initialize()
     last = max(swarm)
     while method.state is not None and method.state.step < last:

@@ -90,9 +90,7 @@ def simulate_step_s(config: Path, steps: int) -> float:
 
     cfg = load_config(config)
     task = build_task(cfg)
-    method = build_method(
-        cfg, task, SimulatedAggregator(num_devices=cfg.num_devices), list(range(cfg.num_devices))
-    )
+    method = build_method(cfg, task, SimulatedAggregator.for_run(cfg), list(range(cfg.num_devices)))
     method.initialize()
     times = []
     for _ in range(steps):

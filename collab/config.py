@@ -257,7 +257,8 @@ class SwarmConfig(_Section):
     max_norm_ratio: float = Field(
         10.0,
         gt=1,
-        description="a contribution whose norm exceeds this multiple of the group's lower median is dropped",
+        description="a contribution whose norm exceeds this multiple of the group's lower median is "
+        "scaled down to it (in the simulation too); one over its square is dropped and its sender banned",
     )
     max_weight_ratio: float = Field(
         100.0,

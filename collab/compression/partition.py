@@ -42,6 +42,25 @@ def layout_of(msg: CompressedMessage) -> Layout:
     return Layout.SHARED if msg.kind == MessageKind.SHARED else Layout.SPARSE
 
 
+def round_layout(msg: CompressedMessage, shared_seed: int) -> Layout:
+    """How a round with this message is cut: Rand-k on the run's shared coordinates (``shared_seed``)
+    travels as values only; anything else sparse (Top-k, per-device Rand-k) as explicit indices
+    partitioned by coordinate range; dense messages by position."""
+    if msg.kind == MessageKind.DENSE:
+        return Layout.DENSE
+    shared = msg.kind == MessageKind.SHARED and msg.seed == shared_seed
+    return Layout.SHARED if shared else Layout.SPARSE
+
+
+def part_count(msg: CompressedMessage, layout: Layout, owners: int, single_owner_bytes: int) -> int:
+    """Into how many parts a round among ``owners`` part owners cuts ``msg``: one when the round is
+    small (``4 x`` the model's coordinates - the shared Rand-k values for the ``shared`` layout - times
+    the owners, at most ``single_owner_bytes``), else one per owner. It depends only on the owners, the
+    layout and the model's size, never on a member's values, so every member computes the same."""
+    entries = msg.count if layout == Layout.SHARED else msg.numel
+    return 1 if owners > 1 and 4 * entries * owners <= single_owner_bytes else owners
+
+
 def bounds(length: int, n: int) -> list[tuple[int, int]]:
     """``n`` contiguous ranges covering ``[0, length)``, sizes differing by at most one."""
     base, extra = divmod(length, n)

@@ -70,7 +70,7 @@ def simulate(
     """Run ``method`` (default ``cfg.method``) for up to ``cfg.max_steps`` steps on ``cfg.num_devices``."""
     mc = method or cfg.method
     task = build_task(cfg)
-    agg = SimulatedAggregator(num_devices=cfg.num_devices)
+    agg = SimulatedAggregator.for_run(cfg)
     algo = build_method(cfg, task, agg, range(cfg.num_devices), method=mc)
     algo.initialize()
     metric = task.metric(algo.z)

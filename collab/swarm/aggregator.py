@@ -12,8 +12,8 @@ import logging
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
-from collab.compression import CompressedMessage, MessageKind
-from collab.compression.partition import Layout
+from collab.compression import CompressedMessage
+from collab.compression.partition import Layout, round_layout
 from collab.config import SwarmConfig
 from collab.methods.base import Aggregator, CommStats, Contribution, RoundFailed, RoundKey, ServerFn
 from collab.swarm.agreement import Unconfirmed
@@ -93,12 +93,7 @@ class SwarmAggregator(Aggregator):
         return peer in self.committed.get(group_id, frozenset())
 
     def _layout(self, msg: CompressedMessage) -> Layout:
-        if msg.kind == MessageKind.DENSE:
-            return Layout.DENSE
-        # Rand-k on the run's shared coordinates travels as values only; anything else (Top-k,
-        # per-device Rand-k) as explicit indices partitioned by coordinate range.
-        shared = msg.kind == MessageKind.SHARED and msg.seed == self.shared_seed
-        return Layout.SHARED if shared else Layout.SPARSE
+        return round_layout(msg, self.shared_seed)
 
     def _form_group(self, round_id: str) -> Group:
         try:

@@ -13,8 +13,10 @@ simulation's when the canonical order matches its device order.
 **Validation.** The owner checks every part before averaging it: that it comes from the group member it
 claims to be (the libp2p-authenticated sender), matches the round's layout as the owner computed it
 itself, fits the size a well-formed part can have, parses (kind, lengths, strictly increasing in-range
-indices), holds finite values, and that its norm is not an outlier against the group's lower median
-(``max_norm_ratio``). Its claimed samples (weight) must be plausible for the sender's device: with
+indices), holds finite values, and that its norm is within ``max_norm_ratio**2`` times the group's lower
+median. A part longer than ``max_norm_ratio`` times that median (honest norms are heavy-tailed) counts
+scaled down to it (:mod:`collab.compression.clip`; the simulation clips alike). Its claimed
+samples (weight) must be plausible for the sender's device: with
 ``claims`` (:class:`~collab.swarm.budget.ClaimBounds`) a claim above what the sender's published rate and
 microbatch allow in this round's budget counts at that bound, and one ``max_weight_ratio`` times over it
 fails; a sender without a published bound is held to ``max_weight_ratio`` times the group's lower median
@@ -43,8 +45,17 @@ import numpy as np
 import torch
 
 from collab.compression import CompressedMessage, MessageFormatError, MessageKind, weighted_mean
+from collab.compression.clip import clip_factors, clipped_norm, scaled
 from collab.compression.message import DENSE_HEAD_BYTES
-from collab.compression.partition import Layout, assemble, bounds, check_part, layout_of, split
+from collab.compression.partition import (
+    Layout,
+    assemble,
+    bounds,
+    check_part,
+    layout_of,
+    part_count,
+    split,
+)
 from collab.compression.validate import finite_norm, max_part_bytes, norm_of, outliers
 from collab.config import SwarmConfig
 from collab.methods.base import RoundFailed
@@ -87,15 +98,9 @@ def round_owners(
     group: Group, message: CompressedMessage, layout: Layout, single_owner_bytes: int
 ) -> list[str]:
     """The members that own a part of this round, in part order: all of ``group.owners``, or only the
-    first of them when the round is small (``4 x`` the model's coordinates - the shared Rand-k values for
-    the ``shared`` layout - times the owners, at most ``single_owner_bytes``). Every member computes the
-    same list: it depends only on the group, the layout and the model's size, never on a member's values.
-    """
+    first of them when the round is small (:func:`~collab.compression.partition.part_count`)."""
     owners = group.owners
-    entries = message.count if layout == Layout.SHARED else message.numel
-    if len(owners) > 1 and 4 * entries * len(owners) <= single_owner_bytes:
-        return owners[:1]
-    return owners
+    return owners[: part_count(message, layout, len(owners), single_owner_bytes)]
 
 
 def account_error(
@@ -120,10 +125,11 @@ def account_error(
     published bound, which the owner caps; ``bounds``: index -> the most samples a member's published
     device allows, as this member reads the records). Every entry is held to what an honest owner lets
     in - the owner's own, which nobody else checked, included: no dropped member, a norm within
-    ``max_norm_ratio`` of the account's lower median, a weight within ``max_weight_ratio`` times its
+    ``max_norm_ratio**2`` of the account's lower median, a weight within ``max_weight_ratio`` times its
     published bound (or, without one, of the lower median). Then the aggregate's norm must be within the
-    weighted mean of the entries' norms (a weighted mean is never longer): with every entry vouched for
-    or bounded, the owner cannot inflate the aggregate past what it received."""
+    weighted mean of the entries' norms as the owner clipped them (at ``max_norm_ratio`` times the lower
+    median; a weighted mean is never longer): with every entry vouched for or bounded, the owner cannot
+    inflate the aggregate past what it received."""
     entries = {int(k): v for k, v in stats.items()}
     if excluded & set(entries):
         return "the account names a member the owner dropped"
@@ -140,7 +146,7 @@ def account_error(
         if abs(n - own_norm) > 1e-9 * own_norm + 1e-30:
             return f"this member's norm in the account is {n:.6g}, it sent {own_norm:.6g}"
     norms = {i: n for i, (_, n) in entries.items()}
-    for i, why in outliers(norms, cfg.max_norm_ratio).items():
+    for i, why in outliers(norms, cfg.max_norm_ratio**2).items():
         who = "the owner's own" if i == owner else f"member {i}'s"
         return f"{who} contribution's norm {why}"
     weights = {i: w for i, (w, _) in entries.items()}
@@ -152,7 +158,8 @@ def account_error(
             who = "the owner's own" if i == owner else f"member {i}'s"
             return f"{who} weight {w:.6g} is more than its device can have done"
     total = sum(weights.values())
-    limit = sum(w * n for w, n in entries.values()) / total
+    clipped = clipped_norm(norms, cfg.max_norm_ratio)  # as the owner clipped the long ones
+    limit = sum(weights[i] * clipped[i] for i in entries) / total
     if not norm <= limit * (1 + 1e-6) + 1e-30:
         return f"norm {norm:.6g} over the {limit:.6g} its account allows"
     return None
@@ -497,11 +504,22 @@ class ExactReducer:
         # members tagging along (weight 0: too slow for this round) add nothing and are not compared
         counted = {i: (m, w) for i, (m, w) in valid.items() if w > 0}
         ratio = self.cfg.max_norm_ratio
-        for i, why in outliers({i: norms[i] for i in counted}, ratio, trusted=me).items():
-            excluded[i] = f"norm {why}"
+        for i, why in outliers({i: norms[i] for i in counted}, ratio**2, trusted=me).items():
+            excluded[i] = f"norm {why}"  # far beyond any honest spread: hostile
         self._check_claims(group, me, counted, excluded)
         for i in excluded:
             counted.pop(i, None)
+        # a long part (honest norms are heavy-tailed) counts scaled down to the bound, as simulated
+        for i, factor in clip_factors({i: norms[i] for i in counted}, ratio).items():
+            logger.info(
+                "round %s: clipping %s's part %d from norm %.3g by %.3g",
+                group.round_id,
+                group.peers[i][-6:],
+                slot.me,
+                norms[i],
+                factor,
+            )
+            counted[i] = (scaled(counted[i][0], factor), counted[i][1])
         ordered = [counted[i] for i in sorted(counted)]
         if not ordered:
             return None, excluded, 0.0

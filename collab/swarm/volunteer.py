@@ -208,7 +208,8 @@ class Volunteer:
                 logger.info("%s step %d: round failed (%s)", self.name, self.step, e)
                 self.log.emit(event="round_failed", step=self.step, reason=str(e))
                 if time.monotonic() - last_progress > patience:
-                    logger.warning("%s: no progress for %.0fs; stopping", self.name, patience)
+                    why = self._stall_reason(e)
+                    logger.warning("%s: no progress for %.0fs; stopping (%s)", self.name, patience, why)
                     break
                 self.check_config_version()
                 adopted = False
@@ -227,6 +228,17 @@ class Volunteer:
             self._after_step(report.step, report.refreshed)
         self.status = PeerStatus.DONE
         return self.step
+
+    def _stall_reason(self, last: RoundFailed) -> str:
+        """What kept this volunteer from progressing: the last round's failure and the peers it bans (a
+        run whose groups need every volunteer cannot form one while any of them is banned)."""
+        why = f"last round: {last}"
+        banned = self.aggregator.bans.active()
+        if banned:
+            why += "; banned here: " + ", ".join(f"{b.peer[-6:]} ({b.reason})" for b in banned[:3])
+            if self.cfg.swarm.min_group_size >= self.cfg.num_devices:
+                why += f"; min_group_size {self.cfg.swarm.min_group_size} needs every volunteer"
+        return why
 
     def _after_step(self, step: int, refreshed: bool) -> None:
         """Account the step's samples, publish the progress record, log the step."""

@@ -21,9 +21,11 @@ import pytest
 import torch
 
 from collab.compression import CompressedMessage, MessageKind, weighted_mean
+from collab.compression.clip import PartClipping
 from collab.compression.partition import Layout
 from collab.config import SwarmConfig
-from collab.methods.base import RoundFailed
+from collab.methods.base import Contribution, RoundFailed, RoundKey
+from collab.methods.simulated import SimulatedAggregator
 from collab.swarm.allreduce import ExactReducer, _Reduced, round_owners
 from collab.swarm.matchmaking import Group
 from collab.swarm.transport import SwarmNode
@@ -39,9 +41,9 @@ def _msg(i: int) -> CompressedMessage:
 
 
 class Trio:
-    def __init__(self, nodes: list[SwarmNode], tag: str) -> None:
+    def __init__(self, nodes: list[SwarmNode], tag: str, cfg: SwarmConfig = CFG) -> None:
         self.nodes = nodes
-        self.reducers = [ExactReducer(node=n, cfg=CFG) for n in nodes]
+        self.reducers = [ExactReducer(node=n, cfg=cfg) for n in nodes]
         self.group = Group(f"{tag}.delta", tuple((i, n.peer_key) for i, n in enumerate(nodes)), tag)
 
     def reduce_all(
@@ -129,3 +131,27 @@ def test_an_only_owner_whose_own_contribution_is_an_outlier_is_banned(
         assert isinstance(outs[i], RoundFailed), outs[i]
         why = [e.reason for e in trio.reducers[i].bans.events if e.peer == owner]
         assert any("own contribution's norm" in w for w in why), why
+
+
+@pytest.mark.timeout(120)
+@pytest.mark.parametrize("owners", [1, 3])
+def test_a_long_honest_part_is_clipped_as_simulated_not_banned(
+    node_trio: Callable[[], list[SwarmNode]], owners: int
+) -> None:
+    """Honest norms are heavy-tailed: a part 30 times the others' (over ``max_norm_ratio`` 10, under its
+    square) counts scaled down to 10 times the lower median - the same bytes on every member and in the
+    simulation's clipping, whether one owner or three own the parts - and nobody is banned."""
+    cfg = CFG if owners == 1 else SwarmConfig(allreduce_timeout_s=2.0, single_owner_bytes=0)
+    trio = Trio(node_trio(), f"clip{owners}", cfg)
+    assert len(round_owners(trio.group, _msg(0), Layout.DENSE, cfg.single_owner_bytes)) == owners
+    scale = (1.0, 1.0, 30.0)
+    outs = trio.reduce_all(scale=scale)
+    assert all(isinstance(o, CompressedMessage) for o in outs), outs
+    messages = [replace(_msg(i), values=_msg(i).values * scale[i]) for i in range(3)]
+    clipping = PartClipping(cfg.max_norm_ratio, cfg.single_owner_bytes, shared_seed=0)
+    sim = SimulatedAggregator(num_devices=3, clipping=clipping)
+    contributions = [Contribution(m, WEIGHTS[i]) for i, m in enumerate(messages)]
+    want = sim.reduce(RoundKey(0, "delta"), contributions, server=lambda s: s)
+    assert all(o.to_bytes() == want.to_bytes() for o in outs if isinstance(o, CompressedMessage))
+    assert want.to_bytes() != weighted_mean(messages, list(WEIGHTS)).to_bytes(), "the long part was clipped"
+    assert all(not r.bans.active_peers() for r in trio.reducers)

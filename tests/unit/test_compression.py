@@ -267,3 +267,30 @@ def test_index_gap_coding_roundtrip_and_rejects_garbage() -> None:
         decode_gaps(bytes([1, 2, 3]), 2)  # count mismatch
     with pytest.raises(MessageFormatError):
         decode_gaps(bytes([0xFF] * 12 + [1]), 1)  # longer than any 64-bit value
+
+
+def test_clipping_scales_long_parts_to_the_bound_part_by_part() -> None:
+    """Parts over ``ratio`` times the lower median come down to that norm; the others, members tagging
+    along (weight 0) and a zero median are left alone; a sparse message is clipped per coordinate range,
+    as the swarm's owners cut it."""
+    from collab.compression.clip import PartClipping, clip_factors, clipped_norm
+    from collab.compression.partition import split
+    from collab.compression.validate import norm_of
+
+    assert clip_factors({0: 1.0, 1: 2.0, 2: 50.0}, 10.0) == {2: 20.0 / 50.0}
+    assert clipped_norm({0: 1.0, 1: 2.0, 2: 50.0}, 10.0) == {0: 1.0, 1: 2.0, 2: 20.0}
+    assert clip_factors({0: 0.0, 1: 0.0, 2: 5.0}, 10.0) == {}, "a zero median says nothing about scale"
+    d, n = 1000, 3
+    gen = torch.Generator().manual_seed(3)
+    msgs = [TopK(ratio=0.1).compress(torch.randn(d, generator=gen)) for _ in range(n)]
+    long_ = msgs[2].values.clone()
+    long_[msgs[2].indices < 100] *= 40.0  # long only in part 0 (coordinates [0, 334))
+    msgs[2] = CompressedMessage(msgs[2].kind, d, long_, msgs[2].indices)
+    clip = PartClipping(ratio=10.0, single_owner_bytes=0, shared_seed=0)
+    out = clip.clip(msgs, [1.0, 1.0, 1.0])
+    assert out[0] is msgs[0] and out[1] is msgs[1]
+    before, after = split(msgs[2], n), split(out[2], n)
+    bound = 10.0 * sorted(norm_of(split(m, n)[0]) for m in msgs)[1]
+    assert norm_of(after[0]) == pytest.approx(bound, rel=1e-6) and norm_of(before[0]) > bound
+    assert all(torch.equal(b.values, a.values) for b, a in zip(before[1:], after[1:], strict=True))
+    assert clip.clip(msgs, [1.0, 1.0, 0.0])[2] is msgs[2], "a member tagging along is not compared"

@@ -92,7 +92,7 @@ def test_a_made_up_entry_cannot_widen_the_bound() -> None:
 
 
 def test_the_owners_own_entry_is_held_to_the_group() -> None:
-    big_norm = {"0": [1.0, 200.0], "1": [2.0, 3.0], "2": [1.0, 4.0]}
+    big_norm = {"0": [1.0, 2000.0], "1": [2.0, 3.0], "2": [1.0, 4.0]}
     assert "the owner's own contribution's norm" in (_verdict(big_norm, 30.0) or "")
     big_weight = {"0": [1e6, 2.0], "1": [2.0, 3.0], "2": [1.0, 4.0]}
     assert "the owner's own weight" in (_verdict(big_weight, 2.0) or "")
