@@ -177,6 +177,14 @@ class MethodConfig(_Section):
         description="MASHA tau: the reference point is refreshed with probability 1 - tau; "
         "null = 1 - k/d of the device compressor (balances compressed and full exchanges)",
     )
+    anchor: float | None = Field(
+        None,
+        ge=0,
+        lt=1,
+        description="MASHA's pull toward the reference point each step: zbar = (1 - anchor) z + anchor w; "
+        "null = 1 - tau, as analysed; 0 = no pull (outside the analysis; better for minimization under "
+        "light compression, worse under heavy compression: docs/ALGORITHMS.md)",
+    )
     device_compressor: CompressorConfig = Field(
         default_factory=lambda: CompressorConfig(),
         description="compressor applied by each device to its message",
@@ -194,6 +202,8 @@ class MethodConfig(_Section):
         dev, srv = self.device_compressor.name, self.server_compressor.name
         if self.name == "extragradient" and (dev, srv) != ("identity", "identity"):
             raise ValueError("extragradient is the uncompressed baseline: both compressors must be identity")
+        if self.name == "extragradient" and self.anchor is not None:
+            raise ValueError("anchor is MASHA's: extragradient has no reference point")
         if self.name == "masha1" and "topk" in (dev, srv):
             raise ValueError("masha1 needs unbiased compressors (identity or randk); use masha2 for topk")
         if self.name == "masha2" and "randk" in (dev, srv):

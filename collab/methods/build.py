@@ -52,6 +52,7 @@ def build_method(
     cls = MASHA1 if mc.name == "masha1" else MASHA2
     return cls(
         tau=mc.effective_tau(task.dim),
+        anchor=mc.anchor,
         server_compressor=make_compressor(mc.server_compressor.name, mc.server_compressor.ratio),
         project=task.project,
         **common,  # type: ignore[arg-type]

@@ -4,7 +4,7 @@ Beznosikov, Richtárik, Diskin, Ryabinin, Gasnikov, "Distributed Methods with Co
 Solving Variational Inequalities, with Theoretical Guarantees", NeurIPS 2022 (arXiv 2110.03313).
 Notation and the exact form implemented are in docs/ALGORITHMS.md. One step ``k``:
 
-    zbar    = tau z^k + (1 - tau) w^k
+    zbar    = tau z^k + (1 - tau) w^k      (or (1 - a) z^k + a w^k with an explicit ``anchor`` a)
     z_half  = proj(zbar - gamma F(w^k))
     device m: delta_m = F_m(z_half) - F_m(w^k)             (same minibatch for both evaluations)
       MASHA1: send Q_m(delta_m)                             (Rand-k on the shared (seed, k) coordinates)
@@ -45,6 +45,7 @@ class _Masha(Method):
         server_compressor: Compressor | None = None,
         project: Callable[[torch.Tensor], torch.Tensor] | None = None,
         optimizer: UpdateRule | None = None,
+        anchor: float | None = None,
     ) -> None:
         super().__init__(
             z0=z0,
@@ -58,6 +59,10 @@ class _Masha(Method):
         if not 0 <= tau < 1:
             raise ValueError("tau must be in [0, 1)")
         self.tau = float(tau)
+        if anchor is not None and not 0 <= anchor < 1:
+            raise ValueError("anchor must be in [0, 1)")
+        # zbar's weights on z and w: the paper's (tau, 1 - tau), or an explicit pull toward w
+        self._mix = (self.tau, 1.0 - self.tau) if anchor is None else (1.0 - anchor, float(anchor))
         self.server_compressor = server_compressor or Identity()
         self._server_seed = derived_seed(seed, "server-compressor")
 
@@ -97,7 +102,8 @@ class _Masha(Method):
 
     def _step(self, state: MethodState) -> tuple[MethodState, list[torch.Tensor | None], bool]:
         k = state.step
-        zbar = self.tau * state.z + (1.0 - self.tau) * state.w
+        keep, pull = self._mix
+        zbar = keep * state.z + pull * state.w if pull else state.z.clone()
         plan = self.optimizer.plan(state.extra, k, zbar)  # sgd: zbar - gamma * direction
         z_half = self.project(plan.extrapolate(state.fw))
 

@@ -54,6 +54,9 @@ def test_method_and_compressor_must_fit(method: str, compressor: str, needle: st
 def test_missing_method_and_bad_types() -> None:
     assert _errors({}) == ["method: Field required"]
     assert any(p.startswith("method.tau:") for p in _errors({"method": {"gamma": 1, "tau": 1.0}}))
+    assert any(p.startswith("method.anchor:") for p in _errors({"method": {"gamma": 1, "anchor": 1.0}}))
+    eg = _errors({"method": {"name": "extragradient", "gamma": 1, "anchor": 0.0}})
+    assert len(eg) == 1 and eg[0].startswith("method:") and "no reference point" in eg[0]
     assert _errors([1, 2]) == ["(top level): a config must be a mapping of fields"]
 
 

@@ -38,10 +38,13 @@ def _method(cls, task: BilinearTask, compressor, **kw):  # type: ignore[no-untyp
     return cls(z0=task.initial_point(), workers=workers, aggregator=agg, seed=5, **kw)
 
 
-def test_masha1_matches_plain_reference() -> None:
-    """MASHA1 with shared Rand-k, written out by hand with plain tensors, step by step."""
+@pytest.mark.parametrize("anchor", [None, 0.0, 0.3])
+def test_masha1_matches_plain_reference(anchor: float | None) -> None:
+    """MASHA1 with shared Rand-k, written out by hand with plain tensors, step by step; the pull toward
+    the reference is the paper's 1 - tau, none, or an explicit ``anchor``."""
     task, gamma, tau, ratio = _task(), 0.2, 0.8, 0.25
-    method = _method(MASHA1, task, RandK(ratio=ratio), gamma=gamma, tau=tau)
+    method = _method(MASHA1, task, RandK(ratio=ratio), gamma=gamma, tau=tau, anchor=anchor)
+    pull = 1 - tau if anchor is None else anchor
     ops = [task.local_operator(m) for m in range(M)]
     d = task.dim
     k = round(ratio * d)
@@ -50,7 +53,7 @@ def test_masha1_matches_plain_reference() -> None:
     fw = sum(op._at(w.float()).double() for op in ops) / M
     for step in range(60):
         method.step()
-        zbar = tau * z + (1 - tau) * w
+        zbar = (1 - pull) * z + pull * w
         z_half = zbar - gamma * fw
         idx = torch.from_numpy(random_subset(5, step, d, k))
         g = torch.zeros(d, dtype=torch.float64)
