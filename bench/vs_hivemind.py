@@ -25,9 +25,11 @@ at steps/5), evaluated on the task's evaluation batch (``TorchTask.metric``). Sh
   derived from ``examples/charlm.yaml``: MASHA2 with Top-k 0.5% and MASHA1 with shared Rand-k 5%, tau
   0.99, each with the example's AdamW as Extra-Adam (Top-k 0.5% keeps collab's bytes 10x below hivemind's
   fp16; MASHA1 with Rand-k 2-4% spikes or diverges with AdamW here, 5% is the sparsest that stays
-  stable). MASHA evaluates the gradient twice per step on the same minibatch, and its reference point (at
-  the start and, with probability ``1 - tau``, after a step) is refreshed with a 4x minibatch and one dense
-  exchange: "samples per peer" counts those.
+  stable); and MASHA2 with Top-k 10%, tau 0.95 and no pull toward the reference (``anchor`` 0: the
+  lighter compression that comes nearest uncompressed Adam in ``bench/compressed_baselines.py``'s
+  setting, docs/ALGORITHMS.md). MASHA evaluates the gradient twice per step on the same minibatch, and
+  its reference point (at the start and, with probability ``1 - tau``, after a step) is refreshed with a
+  4x minibatch and one dense exchange: "samples per peer" counts those.
 * ``hivemind-*``: a bootstrap DHT and 3 peer processes (this file, ``--_hivemind-peer``), each a
   ``hivemind.Optimizer`` (``use_local_updates=False``, ``target_batch_size`` = 3 x 16,
   ``batch_size_per_step`` = 16) over torch's AdamW with the same hyperparameters, decay mask, clipping (of
@@ -73,9 +75,10 @@ BASE_CONFIG = REPO / "examples" / "charlm.yaml"
 PEERS = 3
 SHAPED = ("rate", "100mbit", "burst", "256kbit", "latency", "50ms")
 HIVEMIND_CODECS = ("none", "fp16", "8bit", "powersgd")
-COLLAB_CASES = {  # name -> (method, compressor, ratio, tau); see the module docstring for the choice
-    "collab-masha2-topk": ("masha2", "topk", 0.005, 0.99),
-    "collab-masha1-randk": ("masha1", "randk", 0.05, 0.99),
+COLLAB_CASES = {  # name -> (method, compressor, ratio, tau, anchor); see the module docstring for the choice
+    "collab-masha2-topk": ("masha2", "topk", 0.005, 0.99, None),
+    "collab-masha1-randk": ("masha1", "randk", 0.05, 0.99, None),
+    "collab-masha2-topk10": ("masha2", "topk", 0.1, 0.95, 0.0),
 }
 REACH_TOL = 1e-3  # "reached a loss": within this much of it (fp16 and none end within ~1e-4 of each other)
 ALL_CASES = [*COLLAB_CASES, *(f"hivemind-{c}" for c in HIVEMIND_CODECS)]
@@ -96,10 +99,12 @@ def base_config(steps: int) -> Any:
 
 
 def collab_config(case: str, steps: int) -> dict[str, Any]:
-    method, compressor, ratio, tau = COLLAB_CASES[case]
+    method, compressor, ratio, tau, anchor = COLLAB_CASES[case]
     cfg = base_config(steps).model_dump(mode="json")
     cfg["run_id"] = case
-    cfg["method"].update(name=method, tau=tau, device_compressor={"name": compressor, "ratio": ratio})
+    cfg["method"].update(
+        name=method, tau=tau, anchor=anchor, device_compressor={"name": compressor, "ratio": ratio}
+    )
     return cfg
 
 

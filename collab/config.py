@@ -182,8 +182,8 @@ class MethodConfig(_Section):
         ge=0,
         lt=1,
         description="MASHA's pull toward the reference point each step: zbar = (1 - anchor) z + anchor w; "
-        "null = 1 - tau, as analysed; 0 = no pull (outside the analysis; better for minimization under "
-        "light compression, worse under heavy compression: docs/ALGORITHMS.md)",
+        "null = 1 - tau, as analysed; 0 = no pull (outside the analysis; faster early under light "
+        "compression, worse under heavy compression and in long runs: docs/ALGORITHMS.md)",
     )
     device_compressor: CompressorConfig = Field(
         default_factory=lambda: CompressorConfig(),
