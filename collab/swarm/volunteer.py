@@ -25,7 +25,7 @@ from collab.config import RunConfig
 from collab.methods.base import Method, RoundFailed
 from collab.methods.build import build_method
 from collab.swarm.aggregator import SwarmAggregator
-from collab.swarm.bans import BanEvent
+from collab.swarm.bans import BanEvent, Bans
 from collab.swarm.budget import RoundBudget
 from collab.swarm.catchup import Catchup, StateService
 from collab.swarm.checkpoints import Checkpointer
@@ -44,6 +44,18 @@ logger = logging.getLogger(__name__)
 RATE_WARMUP_STEPS = 3
 
 __all__ = ["ConfigMismatch", "CoordinatorBeacon", "Volunteer"]
+
+
+def stall_reason(last: Exception, bans: Bans, cfg: RunConfig) -> str:
+    """What kept a volunteer from progressing: the last round's failure and the peers it bans (a run
+    whose groups need every volunteer cannot form one while any of them is banned)."""
+    why = f"last round: {last}"
+    banned = bans.active()
+    if banned:
+        why += "; banned here: " + ", ".join(f"{b.peer[-6:]} ({b.reason})" for b in banned[:3])
+        if cfg.swarm.min_group_size >= cfg.num_devices:
+            why += f"; min_group_size {cfg.swarm.min_group_size} needs every volunteer"
+    return why
 
 
 class Volunteer:
@@ -208,7 +220,7 @@ class Volunteer:
                 logger.info("%s step %d: round failed (%s)", self.name, self.step, e)
                 self.log.emit(event="round_failed", step=self.step, reason=str(e))
                 if time.monotonic() - last_progress > patience:
-                    why = self._stall_reason(e)
+                    why = stall_reason(e, self.aggregator.bans, self.cfg)
                     logger.warning("%s: no progress for %.0fs; stopping (%s)", self.name, patience, why)
                     break
                 self.check_config_version()
@@ -228,17 +240,6 @@ class Volunteer:
             self._after_step(report.step, report.refreshed)
         self.status = PeerStatus.DONE
         return self.step
-
-    def _stall_reason(self, last: RoundFailed) -> str:
-        """What kept this volunteer from progressing: the last round's failure and the peers it bans (a
-        run whose groups need every volunteer cannot form one while any of them is banned)."""
-        why = f"last round: {last}"
-        banned = self.aggregator.bans.active()
-        if banned:
-            why += "; banned here: " + ", ".join(f"{b.peer[-6:]} ({b.reason})" for b in banned[:3])
-            if self.cfg.swarm.min_group_size >= self.cfg.num_devices:
-                why += f"; min_group_size {self.cfg.swarm.min_group_size} needs every volunteer"
-        return why
 
     def _after_step(self, step: int, refreshed: bool) -> None:
         """Account the step's samples, publish the progress record, log the step."""
