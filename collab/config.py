@@ -267,6 +267,7 @@ class SwarmConfig(_Section):
     max_norm_ratio: float = Field(
         10.0,
         gt=1,
+        le=1e6,  # its square bounds bans: finite
         description="a contribution whose norm exceeds this multiple of the group's lower median is "
         "scaled down to it (in the simulation too); one over its square is dropped and its sender banned",
     )

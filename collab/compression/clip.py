@@ -5,14 +5,17 @@ worst sample, and a part ten or more times the group's median is honest data, no
 does not drop a part whose norm is over ``ratio`` times the lower median of the counted parts' norms: it
 scales it down to that norm (centered clipping's idea with the median as the centre of scale), and the
 part counts with its full weight. A hostile peer gains nothing by a long part - clipped, it counts no
-more than a part at the bound, which was let in unclipped before - and an honest one is never dropped or
-banned for its norm. Only a part beyond ``ratio**2`` times the median is treated as hostile
-(:func:`~collab.compression.validate.outliers`; dropped and its sender banned).
+more than a part at the bound, which was let in unclipped before - and an honest one is no longer dropped
+or banned for a norm up to ``ratio**2`` times the median. A part beyond that is treated as hostile
+(:func:`~collab.compression.validate.outliers`; dropped and its sender banned) - an honest one that far
+out still is, and the simulation, which drops nobody, then differs from the swarm.
 
 The swarm clips each owner's part of the members' messages (part ``j`` of every message, cut as
 :func:`~collab.compression.partition.split` cuts it), and ``collab simulate`` clips the same parts of the
 devices' messages with :class:`PartClipping`: the same norms, factors and float32 products, so the swarm
-still equals the simulation bit for bit.
+still equals the simulation bit for bit - as long as the swarm cuts as the simulation does, every device
+owning a part. Client-mode members own no part, so their groups cut into fewer parts: a round in which
+something is clipped then differs from the simulation's (as a round that drops a member does).
 """
 
 from __future__ import annotations
