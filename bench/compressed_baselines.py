@@ -5,9 +5,9 @@ Usage: ``python bench/compressed_baselines.py [--steps 80] [--ratios 0.005,0.02,
 
 The problem is ``bench/vs_hivemind.py``'s: ``examples/charlm.yaml`` (GPT-2-style character LM, 3 shards,
 16 examples per device and step, the run's seed), ``--steps`` steps, the example's AdamW recipe (lr
-0.003, weight decay on matrices, clipping at 1.0, warmup ``steps/5`` then cosine). Every case applies
-that update (:class:`collab.methods.optimizers.UpdateRule`) to its estimate of the mean gradient and is
-scored by the task's evaluation loss:
+0.003, weight decay on matrices, clipping at 1.0, its warmup capped at ``steps/5``, then cosine). Every
+case applies that update (:class:`collab.methods.optimizers.UpdateRule`) to its estimate of the mean
+gradient and is scored by the task's evaluation loss:
 
 * ``adam``     - the exact mean of the 3 devices' gradients every step: hivemind.Optimizer's recipe without
   compression (one gradient per device and step, 32 bits per coordinate);
@@ -32,22 +32,19 @@ import argparse
 import multiprocessing as mp
 import os
 import time
-from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parent.parent
-CONFIG = REPO / "examples" / "charlm.yaml"
 DEVICES = 3
 
 
 def _config(steps: int, method: dict[str, Any] | None = None) -> Any:
-    from collab.config import load_config, with_overrides
+    """vs_hivemind's problem (its :func:`base_config`), with ``method`` changed."""
+    from vs_hivemind import base_config
 
-    cfg = load_config(CONFIG)
-    m = cfg.method.model_dump(mode="json")
-    m["optimizer"]["schedule"]["warmup_steps"] = max(1, steps // 5)
-    m.update(method or {})
-    return with_overrides(cfg, num_devices=DEVICES, max_steps=steps, method=m)
+    from collab.config import with_overrides
+
+    cfg = base_config(steps)
+    return cfg if method is None else with_overrides(cfg, method=method)
 
 
 def _baseline(case: str, ratio: float, steps: int) -> dict[str, float]:
