@@ -19,11 +19,15 @@ Protocol (one round):
    ``timeout`` before that rather than list a member that has given up.
 
 **Steady state.** When the peers alive are exactly the members of the last group this peer committed with,
-the round skips the DHT reads: the last group's first peer in the leader order leads without reading
-announcements (it stores its own in the background, so that a member retrying the round the usual way
-finds it), and every other member calls it at once. Anything unusual - the leader unreachable or
-redirecting, a peer joined or left the alive view (a newcomer appears there within a heartbeat, and the
-members then announce again, so it finds them) - falls back to the protocol above for that round.
+the round skips the DHT: the last group's first peer in the leader order leads without reading
+announcements, and every other member calls it at once. The leader stores its own announcement only when
+the group is slow to fill (``Timing.steady_announce_s``) or closes without an alive peer that trains (a
+member of the last group, a peer it suspects): one of those may look for the round the usual way and must
+find this leader (and learn the group closed without it), not lead a second group of the round. A steady
+round that fills at once touches the DHT not at all. Anything unusual - the leader unreachable or
+redirecting, a peer joined or left the alive view (a newcomer appears there within a heartbeat, before
+its first round, and the members then announce again, so it finds them) - falls back to the protocol
+above for that round.
 
 **A round is committed once.** A peer neither starts nor a leader closes a group for a round that
 ``min_group_size`` other peers' alive records already show done (their step is past it; for ``k.init``,
@@ -116,6 +120,7 @@ class Role(StrEnum):
 JOIN = "collab.join"
 JOIN_ANSWER_MARGIN_S = 0.5  # a leader answers a joiner at least this long before the joiner gives up
 MAX_AVOIDED = 64  # banned peers a joiner names to the leader
+_MAY_TRAIN = frozenset({PeerStatus.STARTING, PeerStatus.SYNCING, PeerStatus.TRAINING})
 
 
 def settle_bans(
@@ -357,8 +362,13 @@ class Matchmaker:
             r = self._rounds[round_id] = _Round()
             r.group = asyncio.get_running_loop().create_future()
             horizon = time.monotonic() - self.timing.matchmaking_horizon_s
-            for old in [k for k, v in self._rounds.items() if v.created < horizon]:
-                self._rounds.pop(old, None)
+            old = []  # rounds are kept in the order they were made: only the oldest are looked at
+            for k, v in self._rounds.items():
+                if v.created >= horizon:
+                    break
+                old.append(k)
+            for k in old:
+                self._rounds.pop(k, None)
         return r
 
     @property
@@ -461,10 +471,6 @@ class Matchmaker:
         if steady_leader is not None:
             if steady_leader == me:
                 r.role, r.leader = Role.LEADER, me
-                # announced all the same (in the background): a member that fails this round and retries
-                # it the usual way must find this leader, not lead a second group of the round
-                r.announcing = asyncio.create_task(self._announce(round_id))
-                r.announcing.add_done_callback(lambda t: t.cancelled() or t.exception())
                 return await self._lead(round_id, r, start, deadline, read_announced=False)
             r.role, r.leader = Role.FOLLOWER, steady_leader
             group = await self._ask(steady_leader, round_id, deadline)
@@ -493,6 +499,21 @@ class Matchmaker:
             if group is not None:
                 return group
         raise RoundFailed(f"round {round_id}: no group within {self.cfg.matchmaking_timeout_s:.1f}s")
+
+    def _may_look(self, r: _Round) -> bool:
+        """Whether a peer outside this round's joiners may try the round: an alive peer that trains (a
+        member of the last group missing, one this peer suspects). A newcomer is in every member's view
+        before its first round (it waits a heartbeat to learn who is alive), and its arrival ends the
+        steady state."""
+        inside = {self.node.peer_key, *r.joiners}
+        return any(p not in inside and rec.status in _MAY_TRAIN for p, rec in self.alive_peers.items())
+
+    def _announce_meanwhile(self, round_id: str, r: _Round) -> asyncio.Task[None]:
+        """A steady-state leader's announcement of ``round_id``, stored in the background (once)."""
+        if r.announcing is None:
+            r.announcing = asyncio.create_task(self._announce(round_id))
+            r.announcing.add_done_callback(lambda t: t.cancelled() or t.exception())
+        return r.announcing
 
     async def _announce(self, round_id: str) -> None:
         """Store this peer's announcement of ``round_id`` (see the protocol above)."""
@@ -627,12 +648,13 @@ class Matchmaker:
         announced: dict[str, int] = {}
         while True:
             now = time.monotonic()
+            if not read_announced and r.announcing is None and now - start > self.timing.steady_announce_s:
+                self._announce_meanwhile(round_id, r)  # slow to fill: a member may look the usual way
             if now - last_read > 0.1:
                 announced, last_read = await self._announced(round_id, deadline), now
                 if not read_announced and not set(announced) <= set(r.joiners):
                     # someone looks for this round the usual way: let it find its leader
-                    if r.announcing is None:
-                        await self._announce(round_id)
+                    await asyncio.shield(self._announce_meanwhile(round_id, r))
                     read_announced = True
                 smaller = [
                     p for p in announced if self.rank(p) < self.rank(me) and p not in r.announced_clients
@@ -672,6 +694,11 @@ class Matchmaker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(r.changed.wait(), timeout=0.05)
         r.closed = True
+        if not read_announced and self._may_look(r):
+            # closing without a peer that may try this round: it may look for it the usual way, and must
+            # find this leader (and be told the group closed without it), not lead a second group of it
+            with contextlib.suppress(Exception):  # a failed store: the round goes on as before
+                await asyncio.shield(self._announce_meanwhile(round_id, r))
         mine = self.state_hash()
         if mine is not None:  # two diverged states never average together
             r.mismatched = {p for p in r.joiners if r.hashes.get(p) not in (None, mine)}

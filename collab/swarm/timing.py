@@ -28,6 +28,7 @@ class Timing:
     matchmaking_s: float  # forming a group
     matchmaking_wait_s: float  # a thread waiting for matchmaking to answer
     announce_ttl_s: float  # a round announcement's life in the DHT
+    steady_announce_s: float  # a steady-state leader whose group has not filled by then announces the round
     matchmaking_horizon_s: float  # matchmaking bookkeeping older than this is dropped
     allreduce_s: float  # an owner waiting for the parts of its round
     part_call_s: float  # a member's part call (the owner's wait plus the upload)
@@ -87,6 +88,8 @@ class Timing:
             matchmaking_s=sw.matchmaking_timeout_s,
             matchmaking_wait_s=sw.matchmaking_timeout_s + LOOP_MARGIN_S,
             announce_ttl_s=2 * sw.matchmaking_timeout_s,
+            # a steady group fills within a few ms; by this, a member may be about to look the usual way
+            steady_announce_s=min(0.05, sw.min_matchmaking_time_s / 4),
             matchmaking_horizon_s=4 * sw.matchmaking_timeout_s,
             allreduce_s=sw.allreduce_timeout_s,
             part_call_s=sw.allreduce_timeout_s + UPLOAD_MARGIN_S,
