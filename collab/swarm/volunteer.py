@@ -323,6 +323,7 @@ class Volunteer:
         if linger_s > 0:
             time.sleep(linger_s)
         self.heartbeat.stop(last=self._alive_record(PeerStatus.LEFT))
+        self.log.emit(event="left", step=self.step)  # the last line of a volunteer that left in order
         self.log.close()
 
 

@@ -53,7 +53,9 @@ def test_demo_matches_simulation(tmp_path) -> None:  # type: ignore[no-untyped-d
 @pytest.mark.timeout(180)
 def test_a_terminated_demo_stops_every_process_it_started(tmp_path) -> None:  # type: ignore[no-untyped-def]
     """SIGTERM (``kill``, ``timeout``) stops the demo like Ctrl-C: no coordinator, keeper, volunteer, DHT
-    process or p2pd of it is left behind (sent once both volunteers have joined the swarm)."""
+    process or p2pd of it is left behind (sent once both volunteers have joined the swarm), and each
+    volunteer left in order (its log ends with ``left``): told to leave itself, not its daemons killed
+    under it (that made every volunteer wait out timeouts until the demo killed it)."""
     demo = subprocess.Popen(
         [
             sys.executable,
@@ -85,6 +87,9 @@ def test_a_terminated_demo_stops_every_process_it_started(tmp_path) -> None:  # 
         assert demo.returncode == 1 and "demo stopped: terminated" in err, err[-2000:]
         left = [pid for pid in _all_pids() if _sid(pid) in sessions and not _zombie(pid)]
         assert not left, f"left behind: {[_cmdline(pid) for pid in left]}"
+        for i in range(2):
+            last = json.loads((tmp_path / f"volunteer-{i}.jsonl").read_text().splitlines()[-1])
+            assert last.get("event") == "left", (i, last)
     finally:
         if demo.poll() is None:
             demo.kill()
