@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 
 from hivemind.utils import get_dht_time
@@ -44,6 +45,7 @@ class Heartbeat:
         self.key = alive_key(run_id)
         self.timing = Timing.of(cfg)
         self._stop = threading.Event()
+        self.first_stored: float | None = None  # when this peer's first record was stored (monotonic)
         self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
 
@@ -64,6 +66,20 @@ class Heartbeat:
         self.node.run(
             self.node.dht_store(self.key, self.node.peer_key, value, expiration), timeout_s=self.timing.dht_s
         )
+        if self.first_stored is None:
+            self.first_stored = time.monotonic()
+
+    def wait_until_seen(self, stop: threading.Event, limit_s: float) -> None:
+        """Return once every peer that reads the view each beat has read it since this peer's first
+        record was stored (two beats after it; at once if it is older), when ``stop`` is set, or after
+        ``limit_s`` (the DHT is failing: rounds go on as they can)."""
+        give_up = time.monotonic() + limit_s
+        while not stop.is_set() and time.monotonic() < give_up:
+            first = self.first_stored
+            left = None if first is None else first + 2 * self.cfg.heartbeat_interval_s - time.monotonic()
+            if left is not None and left <= 0:
+                return
+            stop.wait(0.1 if left is None else min(left, 0.5))
 
     def refresh(self) -> AliveView:
         """Read the alive records now; hands the view to ``on_view`` and returns it."""

@@ -502,11 +502,15 @@ class Matchmaker:
 
     def _may_look(self, r: _Round) -> bool:
         """Whether a peer outside this round's joiners may try the round: an alive peer that trains (a
-        member of the last group missing, one this peer suspects). A newcomer is in every member's view
-        before its first round (it waits a heartbeat to learn who is alive), and its arrival ends the
-        steady state."""
+        member of the last group missing, one this peer suspects; not one it bans, which it refuses
+        anyway). A newcomer is in every member's view before its first round
+        (:meth:`~collab.swarm.heartbeat.Heartbeat.wait_until_seen`), and its arrival ends the steady
+        state."""
         inside = {self.node.peer_key, *r.joiners}
-        return any(p not in inside and rec.status in _MAY_TRAIN for p, rec in self.alive_peers.items())
+        return any(
+            p not in inside and rec.status in _MAY_TRAIN and not self.bans.is_banned(p)  # banned: refused
+            for p, rec in self.alive_peers.items()
+        )
 
     def _announce_meanwhile(self, round_id: str, r: _Round) -> asyncio.Task[None]:
         """A steady-state leader's announcement of ``round_id``, stored in the background (once)."""
@@ -654,7 +658,8 @@ class Matchmaker:
                 announced, last_read = await self._announced(round_id, deadline), now
                 if not read_announced and not set(announced) <= set(r.joiners):
                     # someone looks for this round the usual way: let it find its leader
-                    await asyncio.shield(self._announce_meanwhile(round_id, r))
+                    with contextlib.suppress(Exception):  # a failed store: the round goes on
+                        await asyncio.shield(self._announce_meanwhile(round_id, r))
                     read_announced = True
                 smaller = [
                     p for p in announced if self.rank(p) < self.rank(me) and p not in r.announced_clients
@@ -697,8 +702,8 @@ class Matchmaker:
         if not read_announced and self._may_look(r):
             # closing without a peer that may try this round: it may look for it the usual way, and must
             # find this leader (and be told the group closed without it), not lead a second group of it
-            with contextlib.suppress(Exception):  # a failed store: the round goes on as before
-                await asyncio.shield(self._announce_meanwhile(round_id, r))
+            # (stored meanwhile: one that looks first leads alone a while and reads again, every 0.1 s)
+            self._announce_meanwhile(round_id, r)
         mine = self.state_hash()
         if mine is not None:  # two diverged states never average together
             r.mismatched = {p for p in r.joiners if r.hashes.get(p) not in (None, mine)}

@@ -205,6 +205,9 @@ class Volunteer:
         self._wait_for_view()
         self.check_config_version()
         self.catchup.sync()
+        # Before its first round, every member has this peer in its view: a group whose members all
+        # see it leaves the steady state (whose leader stores no announcement) and looks for it
+        self.heartbeat.wait_until_seen(self.stop_event, self.timing.view_wait_s)
         self.status = PeerStatus.TRAINING
         while self.step < target and not self.stop_event.is_set():
             try:
