@@ -652,7 +652,7 @@ class Matchmaker:
         announced: dict[str, int] = {}
         while True:
             now = time.monotonic()
-            if not read_announced and r.announcing is None and now - start > self.timing.steady_announce_s:
+            if not read_announced and now - start > self.timing.steady_announce_s:
                 self._announce_meanwhile(round_id, r)  # slow to fill: a member may look the usual way
             if now - last_read > 0.1:
                 announced, last_read = await self._announced(round_id, deadline), now
