@@ -19,7 +19,7 @@ from hivemind.utils.timed_storage import get_dht_time
 from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint, conlist, constr
 
 RECORD_VERSION = 1
-VOUCHED_STATES = 16  # a progress record vouches for this peer's latest committed (step, state hash) pairs
+VOUCHED_STATES = 64  # a progress record vouches for this peer's latest committed (step, state hash) pairs
 MAX_PUBLISHED_BANS = 64  # banned peers an alive record names
 
 
