@@ -370,7 +370,8 @@ def download_state(
 
     def call(header: dict[str, object]) -> tuple[dict[str, object], Received]:
         return node.run(
-            node.call(peer, STATE, header, timeout_s=timing.state_call_s), timeout_s=timing.state_wait_s
+            node.call(peer, STATE, header, timeout_s=timing.state_call_s, unary=False),
+            timeout_s=timing.state_wait_s,
         )
 
     request: dict[str, object] = {"rounds": list(rounds[-MAX_ASKED_ROUNDS:])} if rounds else {}
@@ -405,7 +406,9 @@ def download_state(
         # queued behind the calls ahead of it: each call gets their time too (a chunk still has to come
         # within state_wait_s of the one before it, as when chunks were fetched one at a time)
         call_s = CHUNKS_IN_FLIGHT * timing.state_call_s
-        _, got = await node.call(peer, STATE, {"hash": digest, "chunk": i}, timeout_s=call_s, sink=sink)
+        # state answers are large: over streams (a unary answer would come back "too large")
+        chunk = {"hash": digest, "chunk": i}
+        _, got = await node.call(peer, STATE, chunk, timeout_s=call_s, sink=sink, unary=False)
         in_place = got is TAKEN
         blob = place if in_place else got
         return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob), in_place
