@@ -20,6 +20,7 @@ libp2p stream of its own, read and written in slices. Each handler answers both 
 from __future__ import annotations
 
 import asyncio
+import collections
 import concurrent.futures
 import contextlib
 import json
@@ -68,7 +69,7 @@ BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get tw
 # the largest frame sent as a unary call: far below p2pd's limit on one message of its persistent
 # connection (hivemind's default, 4 MiB, which also holds the call's envelope)
 UNARY_MAX_BYTES = 1 << 20
-_UNARY = "/unary"  # the unary twin of handler ``name`` is registered as ``name + _UNARY``
+UNARY_SUFFIX = "/unary"  # the unary twin of handler ``name`` is registered as ``name + UNARY_SUFFIX``
 _TOO_LARGE = "too-large-for-unary"  # a unary answer's header key: ask again over a stream
 
 
@@ -246,6 +247,7 @@ class SwarmNode:
         self._spawned: set[Any] = set()
         self.bytes_sent = 0
         self.bytes_received = 0
+        self.calls: collections.Counter[str] = collections.Counter()  # calls made, by way ("unary", "stream")
         kwargs: dict[str, Any] = {}
         # The libp2p identity is an Ed25519 key this process holds: a peer id then names its public key,
         # so what a peer signs with :attr:`identity` anyone can check against its id (see agreement.py).
@@ -431,7 +433,7 @@ class SwarmNode:
         self.run(self.p2p.add_binary_stream_handler(name, on_stream), timeout_s=30.0)
         # hivemind's P2P offers unary calls for protobuf messages only: its daemon client's bytes-level
         # API is used (the same since hivemind 1.1, the oldest version collab accepts)
-        self.run(self.p2p._client.add_unary_handler(name + _UNARY, on_unary), timeout_s=30.0)
+        self.run(self.p2p._client.add_unary_handler(name + UNARY_SUFFIX, on_unary), timeout_s=30.0)
 
     async def call(
         self,
@@ -479,7 +481,9 @@ class SwarmNode:
         if unary and sum(memoryview(p).nbytes for p in pieces_of(payload)) < UNARY_MAX_BYTES:
             answered = await self._unary_call(peer_key, name, header, payload, sink)
             if answered is not None:
+                self.calls["unary"] += 1
                 return answered
+        self.calls["stream"] += 1
         try:
             _, reader, writer = await self.p2p.call_binary_stream_handler(PeerID.from_base58(peer_key), name)
         except Exception as e:  # p2pd reports unreachable peers with several exception types
@@ -518,7 +522,7 @@ class SwarmNode:
             return None
         try:
             data = await self.p2p._client.call_unary_handler(
-                PeerID.from_base58(peer_key), name + _UNARY, frame
+                PeerID.from_base58(peer_key), name + UNARY_SUFFIX, frame
             )
         except Exception as e:  # the daemon's errors (no route, a reset stream, an unknown protocol)
             logger.debug(
