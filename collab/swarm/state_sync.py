@@ -40,7 +40,7 @@ import blake3
 import torch
 
 from collab.methods.base import MethodState, StreamHash
-from collab.swarm.records import AliveRecord, progress_key
+from collab.swarm.records import AliveRecord, progress_key, vouched_hash
 from collab.swarm.timing import Timing
 from collab.swarm.transport import (
     TAKEN,
@@ -370,7 +370,7 @@ def download_state(
 
     def call(header: dict[str, object]) -> tuple[dict[str, object], Received]:
         return node.run(
-            node.call(peer, STATE, header, timeout_s=timing.state_call_s, unary=False),
+            node.call(peer, STATE, header, timeout_s=timing.state_call_s, link=False),
             timeout_s=timing.state_wait_s,
         )
 
@@ -406,9 +406,9 @@ def download_state(
         # queued behind the calls ahead of it: each call gets their time too (a chunk still has to come
         # within state_wait_s of the one before it, as when chunks were fetched one at a time)
         call_s = CHUNKS_IN_FLIGHT * timing.state_call_s
-        # state answers are large: over streams (a unary answer would come back "too large")
+        # state answers are large: over streams (over the link, one would come back "too large")
         chunk = {"hash": digest, "chunk": i}
-        _, got = await node.call(peer, STATE, chunk, timeout_s=call_s, sink=sink, unary=False)
+        _, got = await node.call(peer, STATE, chunk, timeout_s=call_s, sink=sink, link=False)
         in_place = got is TAKEN
         blob = place if in_place else got
         return blob, await asyncio.get_running_loop().run_in_executor(DIGESTERS, chunk_digest, blob), in_place
@@ -516,10 +516,4 @@ def _vouched(record: object, step: int, *, exclude: str) -> str | None:
     """The state hash ``record`` vouches for at ``step`` (``None``: none, or ``exclude``'s record)."""
     if not isinstance(record, dict) or record.get("peer") == exclude:
         return None
-    states = record.get("states")
-    if not isinstance(states, list):
-        return None
-    for v in states:
-        if isinstance(v, dict) and v.get("step") == step and isinstance(v.get("hash"), str):
-            return str(v["hash"])
-    return None
+    return vouched_hash(record.get("states"), step)

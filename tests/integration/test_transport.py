@@ -7,20 +7,24 @@ pieces, and count the same bytes on both sides.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import time
+from typing import Any
 
 import numpy as np
 import pytest
 
 from collab.swarm.transport import (
     IO_SLICE,
+    LINK,
+    LINK_MAX_BYTES,
     TAKEN,
-    UNARY_MAX_BYTES,
-    UNARY_SUFFIX,
     Header,
     Payloads,
     Received,
     SwarmNode,
+    _frame_bytes,
 )
 
 
@@ -75,36 +79,55 @@ def test_payloads_in_pieces_and_slices_arrive_whole() -> None:
 
 
 @pytest.mark.timeout(120)
-def test_small_frames_go_unary_and_everything_else_over_a_stream() -> None:
-    """Small frames take the daemon's unary calls; a large request, a large answer (asked again over a
-    stream), a peer without the unary twin of a handler, and malformed unary frames all end well."""
+def test_small_frames_go_over_the_link_and_everything_else_over_a_stream() -> None:
+    """Small frames take the link between two peers, many at once; a large request, a large answer
+    (asked again over a stream), a peer without links, a broken link and malformed envelopes all end
+    well."""
     a = SwarmNode()
     b = SwarmNode(initial_peers=a.visible_maddrs())
     served: list[int] = []
 
     async def grow(header: Header, payload: Received, remote: str) -> tuple[Header, Payloads]:
         served.append(len(payload))
+        await asyncio.sleep(header.get("sleep", 0.0))
         return {"n": header["n"]}, bytes(range(256)) * (header["n"] // 256)
 
     try:
         a.serve("grow", grow)
         a.serve("echo", _echo)
 
-        def call(name: str, header: Header, payload: Payloads = b"", **kw: object) -> tuple[Header, Received]:
-            return b.run(b.call(a.peer_key, name, header, payload, timeout_s=30, **kw), timeout_s=60)  # type: ignore[arg-type]
+        def call(name: str, header: Header, payload: Payloads = b"", **kw: Any) -> tuple[Header, Received]:
+            return b.run(b.call(a.peer_key, name, header, payload, timeout_s=30, **kw), timeout_s=60)
 
         _, answer = call("grow", {"n": 1024}, b"x" * 100)
         assert bytes(answer) == bytes(range(256)) * 4 and served == [100]
-        assert b.calls == {"unary": 1}
+        assert b.calls == {"link": 1}
         assert b.bytes_sent == a.bytes_received and a.bytes_sent == b.bytes_received
-        # a large answer to a small request: the unary answer says so, the call goes again over a stream
-        _, answer = call("grow", {"n": 2 * UNARY_MAX_BYTES}, b"y")
-        assert len(answer) == 2 * UNARY_MAX_BYTES and served[1:] == [1, 1]
-        assert b.calls == {"unary": 1, "stream": 1}
+
+        # calls at once on one link: each answer to its own call, as soon as it is ready
+        async def both() -> tuple[list[str], list[tuple[Header, Received]]]:
+            done: list[str] = []
+
+            async def one(name: str, header: Header) -> tuple[Header, Received]:
+                got = await b.call(a.peer_key, "grow", header, name[:1].encode(), timeout_s=30)
+                done.append(name)
+                return got
+
+            got = await asyncio.gather(one("slow", {"n": 256, "sleep": 0.5}), one("quick", {"n": 512}))
+            return done, list(got)
+
+        order, [(h1, slow), (h2, quick)] = b.run(both(), timeout_s=60)
+        assert (h1["n"], len(slow), h2["n"], len(quick)) == (256, 256, 512, 512)
+        assert order == ["quick", "slow"]  # not queued behind the slow one
+        assert served[1:] == [1, 1] and b.calls == {"link": 3}
+        # a large answer to a small request: it says so, and the call goes again over a stream
+        _, answer = call("grow", {"n": 2 * LINK_MAX_BYTES}, b"y")
+        assert len(answer) == 2 * LINK_MAX_BYTES and served[3:] == [1, 1]
+        assert b.calls == {"link": 3, "stream": 1}
         # a large request goes over a stream at once; so does one whose caller asks for it
-        call("grow", {"n": 256}, b"z" * UNARY_MAX_BYTES)
-        call("grow", {"n": 256}, b"z", unary=False)
-        assert b.calls == {"unary": 1, "stream": 3} and served[3:] == [UNARY_MAX_BYTES, 1]
+        call("grow", {"n": 256}, b"z" * LINK_MAX_BYTES)
+        call("grow", {"n": 256}, b"z", link=False)
+        assert b.calls == {"link": 3, "stream": 3} and served[5:] == [LINK_MAX_BYTES, 1]
         # a small answer through the caller's sink
         data = bytes(range(200))
         head, body = bytearray(1), bytearray(len(data))
@@ -114,19 +137,57 @@ def test_small_frames_go_unary_and_everything_else_over_a_stream() -> None:
 
         _, got = call("echo", {}, data, sink=sink)
         assert got is TAKEN and bytes(head) + bytes(body) == data[100:] + b"|" + data[:100]
-        assert b.calls["unary"] == 2
-        # malformed unary frames get an error frame back and reach no handler
-        raw = a.p2p.peer_id
+        assert b.calls["link"] == 4
+        # (a stream's server counts what it sent once its write returned: the caller may be quicker)
+        for _ in range(100):
+            if a.bytes_sent == b.bytes_received:
+                break
+            time.sleep(0.05)
+        assert b.bytes_sent == a.bytes_received and a.bytes_sent == b.bytes_received
+        # a link that breaks: the next call opens another
+        b.run(_break_links(b), timeout_s=10)
+        _, answer = call("grow", {"n": 256}, b"v")
+        assert len(answer) == 256 and b.calls["link"] == 5 and served[7:] == [1]
+
+        # malformed envelopes and frames: an error for a bad frame, the link closed for a bad envelope;
+        # no handler reached either way
+        async def raw(envelope_header: Header, frame: bytes) -> bytes:
+            _, reader, writer = await b.p2p.call_binary_stream_handler(a.peer_id, LINK)
+            try:
+                writer.write(_frame_bytes(envelope_header, frame))
+                await writer.drain()
+                return await asyncio.wait_for(reader.read(1 << 16), 10)
+            finally:
+                writer.close()
+
         for garbage in (b"", b"\xff" * 11, (5).to_bytes(4, "little") + b"[1,2]" + (0).to_bytes(8, "little")):
-            data_back = b.run(
-                b.p2p._client.call_unary_handler(raw, "grow" + UNARY_SUFFIX, garbage), timeout_s=30
-            )
-            assert b'"error"' in data_back and len(served) == 5
-        # a peer that serves a handler over streams only (an older version): the call falls back
-        a.run(a.p2p._client.remove_unary_handler("grow" + UNARY_SUFFIX), timeout_s=30)
-        _, answer = call("grow", {"n": 512}, b"w")
-        assert bytes(answer) == bytes(range(256)) * 2 and served[5:] == [1]
-        assert b.calls == {"unary": 2, "stream": 4}
+            assert b'"error"' in b.run(raw({"id": 7, "to": "grow"}, garbage), timeout_s=30)
+        assert b'"error"' in b.run(raw({"id": 8, "to": "nothing"}, _frame_bytes({}, b"")), timeout_s=30)
+        for envelope in ({"id": "7", "to": "grow"}, {"to": "grow"}, {"id": 1, "to": 5}):
+            assert b.run(raw(envelope, _frame_bytes({"n": 256}, b"")), timeout_s=30) == b""  # closed
+        assert len(served) == 8
     finally:
         b.shutdown()
         a.shutdown()
+
+
+@pytest.mark.timeout(120)
+def test_a_peer_without_links_is_called_over_streams() -> None:
+    """A peer that serves its handlers over streams only (an older version) still answers every call."""
+    a = SwarmNode()
+    b = SwarmNode(initial_peers=a.visible_maddrs())
+    try:
+        a.serve("echo", _echo)
+        a.run(a.p2p.remove_binary_stream_handler(LINK), timeout_s=30)
+        header, answer = b.run(b.call(a.peer_key, "echo", {}, b"abcd", timeout_s=30), timeout_s=60)
+        assert header["sha"] == hashlib.sha256(b"abcd").hexdigest() and bytes(answer) == b"cd|ab"
+        assert b.calls == {"stream": 1}
+    finally:
+        b.shutdown()
+        a.shutdown()
+
+
+async def _break_links(node: SwarmNode) -> None:
+    for link in list(node._links.values()):
+        link.writer.close()
+    await asyncio.sleep(0.2)
