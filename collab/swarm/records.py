@@ -8,6 +8,7 @@ unknown fields rejected). These models are separate from the pydantic v2 config 
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import TypeGuard
@@ -16,7 +17,7 @@ from hivemind.dht.crypto import RSASignatureValidator
 from hivemind.dht.schema import BytesWithPublicKey, SchemaValidator
 from hivemind.dht.validation import RecordValidatorBase
 from hivemind.utils.timed_storage import get_dht_time
-from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint, conlist, constr
+from pydantic.v1 import BaseModel, StrictBool, StrictFloat, StrictInt, StrictStr, conint, constr
 
 RECORD_VERSION = 1
 VOUCHED_STATES = 64  # a progress record vouches for this peer's latest committed (step, state hash) pairs
@@ -143,19 +144,30 @@ def alive_key(run_id: str) -> str:
     return f"{run_id}_alive"
 
 
-class StateVouch(BaseModel):
-    """A state this peer committed: a peer that downloads it checks that others vouch for its hash."""
+MAX_VOUCH_CHARS = 20 + 1 + 64 + 1  # one vouch: "step:hash " (a step of up to 20 digits, a hash of 64)
 
-    step: conint(strict=True, ge=0)  # type: ignore[valid-type]
-    hash: constr(strict=True, max_length=64)  # type: ignore[valid-type]
 
-    class Config:
-        extra = "forbid"
+def vouches_text(states: Iterable[tuple[int, str]]) -> str:
+    """The ``states`` field of a progress record: ``"step:hash step:hash ..."``, oldest first. One string,
+    not a list of models: every DHT node validates every record it stores or returns, and a list of
+    64 pydantic models made that the DHT processes' largest cost."""
+    return " ".join(f"{step}:{digest}" for step, digest in states)
+
+
+def vouched_hash(text: object, step: int) -> str | None:
+    """The hash that a record's ``states`` text names for ``step`` (``None``: none, or malformed)."""
+    if not isinstance(text, str):
+        return None
+    for item in text.split(" "):
+        said_step, sep, digest = item.partition(":")
+        if sep and said_step == str(step) and 0 < len(digest) <= 64:
+            return digest
+    return None
 
 
 class ProgressRecord(BaseModel):
     """One peer's latest progress (version 1). ``peer`` is the writer's libp2p peer id (as it says) and
-    ``states`` the latest states it committed, newest last."""
+    ``states`` the latest states it committed, newest last (:func:`vouches_text`)."""
 
     record_version: conint(strict=True, ge=1) = RECORD_VERSION  # type: ignore[valid-type]
     step: conint(strict=True, ge=0)  # type: ignore[valid-type]
@@ -176,7 +188,7 @@ class ProgressRecord(BaseModel):
     name: StrictStr
     time: StrictFloat
     peer: StrictStr = ""
-    states: conlist(StateVouch, max_items=VOUCHED_STATES) = []  # type: ignore[valid-type]
+    states: constr(strict=True, max_length=VOUCHED_STATES * MAX_VOUCH_CHARS) = ""  # type: ignore[valid-type]
 
     class Config:
         extra = "forbid"

@@ -32,9 +32,9 @@ from collab.swarm.records import (
     BanEntry,
     BanReport,
     ProgressRecord,
-    StateVouch,
     bans_key,
     progress_key,
+    vouches_text,
 )
 from collab.swarm.timing import Timing
 from collab.swarm.transport import SwarmNode
@@ -75,7 +75,7 @@ class Reporter:
         self.timing = Timing.of(cfg.swarm)
         self.config_version = cfg.version()
         self._bans: Bans | None = None
-        self._states: deque[StateVouch] = deque(maxlen=VOUCHED_STATES)  # what this peer vouches for
+        self._states: deque[tuple[int, str]] = deque(maxlen=VOUCHED_STATES)  # (step, hash) it vouches for
         self._bans_stored = 0.0  # time.monotonic() of the last ban report
         self._lock = threading.Lock()
         self._stored_at = -math.inf  # time.monotonic() of the last progress store
@@ -99,7 +99,7 @@ class Reporter:
             return
         if state_hash is not None:
             with self._lock:
-                self._states.append(StateVouch(step=step, hash=state_hash))
+                self._states.append((step, state_hash))
                 self._unstored += 1
         from collab import __version__
 
@@ -122,7 +122,7 @@ class Reporter:
             name=self.name,
             time=float(get_dht_time()),
             peer=self.node.peer_key,
-            states=list(self._states),
+            states=vouches_text(self._states),
         )
         self._publish(record.dict(), get_dht_time() + self.timing.progress_ttl_s)
         if self._bans is not None and time.monotonic() - self._bans_stored >= self.timing.bans_republish_s:
