@@ -72,7 +72,10 @@ IO_SLICE = 1 << 20  # large payloads are written and read in slices of this many
 BOOTSTRAP_ATTEMPTS = 3  # initial peers that miss a ping (busy, starting) get two more chances
 LINK = "collab.link"  # the stream handler of links (see the module's docs)
 LINK_MAX_BYTES = 1 << 20  # frames this large or larger go over a stream of their own, not the link
-LINK_IN_FLIGHT = 256  # calls one link may have in a peer's handlers at once (more are refused)
+LINK_IN_FLIGHT = 256  # calls one link may have in this node's handlers at once (more wait to be read)
+LINK_IN_FLIGHT_BYTES = 16 * 1024**2  # and their frames' bytes
+LINKS_PER_PEER = 4  # links a peer may hold open to this node (it opens one; more while one is replaced)
+LINK_BUFFER_BYTES = 4 * 1024**2  # calls a peer has not read this much of: its link is dropped
 LINK_IDLE_S = 120.0  # a link with no call for this long is closed (the next call opens another)
 NO_LINK_S = 30.0  # a peer whose new link broke off before any answer is called over streams this long
 _TOO_LARGE = "too-large-for-link"  # a linked answer's header key: ask again over a stream
@@ -270,6 +273,7 @@ class SwarmNode:
         self._links: dict[str, _Link] = {}  # peer key -> the link this node opened to it
         self._opening: dict[str, asyncio.Lock] = {}  # one link opened at a time per peer
         self._no_link: dict[str, float] = {}  # peer key -> time.monotonic() until which it gets streams
+        self._served_links: collections.Counter[str] = collections.Counter()  # links open to us, by peer
         kwargs: dict[str, Any] = {}
         # The libp2p identity is an Ed25519 key this process holds: a peer id then names its public key,
         # so what a peer signs with :attr:`identity` anyone can check against its id (see agreement.py).
@@ -457,47 +461,67 @@ class SwarmNode:
     async def _serve_link(
         self, info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter
     ) -> None:
-        """A link a peer opened to this node: answer its calls, many at once, each as soon as it is done."""
+        """A link a peer opened to this node: answer its calls, many at once, each as soon as it is done.
+        Bounded: ``LINKS_PER_PEER`` links per peer; at most ``LINK_IN_FLIGHT`` calls and
+        ``LINK_IN_FLIGHT_BYTES`` of their frames in the handlers at once (more are not read until some
+        are answered); an answer the caller does not read in time closes the link."""
         remote = info.peer_id.to_base58()
-        running: set[asyncio.Task[None]] = set()
+        if self._served_links[remote] >= LINKS_PER_PEER:
+            writer.transport.abort()
+            return
+        self._served_links[remote] += 1
+        running: dict[asyncio.Task[None], int] = {}  # handler task -> its frame's size
 
         async def one(call_id: int, name: str, frame: bytes) -> None:
-            handler = self._small.get(name)
-            if handler is None:
-                out = _frame_bytes({"error": f"no handler {name[:64]!r}"}, b"")
-            else:
-                out = await handler(frame, remote)
-            envelope = _frame_bytes({"id": call_id}, out)
+            try:
+                handler = self._small.get(name)
+                if handler is None:
+                    out = _frame_bytes({"error": f"no handler {name[:64]!r}"}, b"")
+                else:
+                    out = await handler(frame, remote)
+                del frame
+                envelope = _frame_bytes({"id": call_id}, out)
+            except Exception as e:  # answered all the same: the caller must not wait out its timeout
+                logger.debug("%s: linked %s from %s failed: %s", self.peer_key[-6:], name, remote[-6:], e)
+                envelope = _frame_bytes({"id": call_id}, _frame_bytes({"error": f"{type(e).__name__}"}, b""))
+            if writer.is_closing():
+                return
             self.bytes_sent += len(envelope)  # counted first: the caller may read it before the next line
             writer.write(envelope)  # whole: answers of concurrent calls never interleave
             try:
                 await asyncio.wait_for(writer.drain(), _payload_timeout(len(envelope)))
             except (ConnectionError, TimeoutError):  # a caller that does not read loses its link
-                writer.close()
+                writer.transport.abort()
 
         try:
             while True:
-                head, head_len, size = await asyncio.wait_for(_read_header(reader), LINK_IDLE_S)
+                try:
+                    head, head_len, size = await asyncio.wait_for(_read_header(reader), 2 * LINK_IDLE_S)
+                except TimeoutError:
+                    if running:  # not idle: its calls are still being answered
+                        continue
+                    raise
                 call_id, name = head.get("id"), head.get("to")
                 if type(call_id) is not int or not isinstance(name, str) or size >= LINK_MAX_BYTES + 4096:
                     raise TransportError("malformed link envelope")
                 frame = await asyncio.wait_for(_read_payload(reader, size), _payload_timeout(size))
                 self.bytes_received += 12 + head_len + size
-                if len(running) >= LINK_IN_FLIGHT:  # answered at once, never queued
-                    busy = _frame_bytes({"error": f"more than {LINK_IN_FLIGHT} calls at once"}, b"")
-                    envelope = _frame_bytes({"id": call_id}, busy)
-                    writer.write(envelope)
-                    self.bytes_sent += len(envelope)
-                    continue
                 task = asyncio.ensure_future(one(call_id, name, bytes(frame)))
-                running.add(task)
-                task.add_done_callback(running.discard)
+                del frame
+                running[task] = size
+                task.add_done_callback(running.pop)
+                # full: read no more of this link until a call is answered
+                while len(running) >= LINK_IN_FLIGHT or sum(running.values()) >= LINK_IN_FLIGHT_BYTES:
+                    await asyncio.wait(list(running), return_when=asyncio.FIRST_COMPLETED)
         except (asyncio.IncompleteReadError, ConnectionError, TransportError, ValueError, TimeoutError) as e:
             logger.debug("%s: closed the link from %s: %s", self.peer_key[-6:], remote[-6:], e)
         finally:
+            self._served_links[remote] -= 1
+            if self._served_links[remote] <= 0:
+                del self._served_links[remote]
             for task in list(running):
                 task.cancel()
-            writer.close()
+            writer.transport.abort()  # close() would wait for a caller that may never read
 
     async def call(
         self,
@@ -590,31 +614,37 @@ class SwarmNode:
             return link
 
     async def _read_link(self, peer_key: str, link: _Link) -> None:
-        """Hand each answer that comes over ``link`` to its call; when the link breaks, fail every call
-        still waiting on it (they may be asked again: handlers are idempotent)."""
+        """Hand each answer that comes over ``link`` to its call; when the link breaks (or idles with no
+        call waiting), fail every call still waiting on it (they may be asked again: handlers are
+        idempotent)."""
+        reason = f"the link to {peer_key[-6:]} closed"
         try:
             while True:
-                head, head_len, size = await asyncio.wait_for(_read_header(link.reader), LINK_IDLE_S)
-                if size >= LINK_MAX_BYTES + 4096:
-                    raise TransportError(f"a linked answer of {size} bytes")
+                try:
+                    head, head_len, size = await asyncio.wait_for(_read_header(link.reader), LINK_IDLE_S)
+                except TimeoutError:
+                    if link.pending:
+                        continue
+                    raise
+                if size >= LINK_MAX_BYTES + 4096 or type(head.get("id")) is not int:
+                    raise TransportError(f"a malformed linked answer ({size} bytes)")
                 data = await asyncio.wait_for(_read_payload(link.reader, size), _payload_timeout(size))
                 self.bytes_received += 12 + head_len + size
                 link.answers += 1
-                waiting = link.pending.pop(head.get("id"), None)  # type: ignore[arg-type]
+                waiting = link.pending.pop(head["id"], None)
                 if waiting is not None and not waiting.done():
                     waiting.set_result(bytes(data))
         except (asyncio.IncompleteReadError, ConnectionError, TransportError, ValueError, TimeoutError) as e:
             reason = f"the link to {peer_key[-6:]} broke off: {e!r}"
-        except asyncio.CancelledError:
-            reason = "the node shut down"
-        link.closed = True
-        if self._links.get(peer_key) is link:
-            del self._links[peer_key]
-        link.writer.close()
-        for waiting in link.pending.values():
-            if not waiting.done():
-                waiting.set_exception(_BrokenOff(reason))
-        link.pending.clear()
+        finally:
+            link.closed = True
+            if self._links.get(peer_key) is link:
+                del self._links[peer_key]
+            link.writer.transport.abort()
+            for waiting in link.pending.values():
+                if not waiting.done():
+                    waiting.set_exception(_BrokenOff(reason))
+            link.pending.clear()
 
     async def _linked_call(
         self, peer_key: str, name: str, header: Header, payload: Payloads, sink: Sink | None
@@ -622,10 +652,12 @@ class SwarmNode:
         """The call over the link to ``peer_key``; ``None`` when it must go over a stream instead (the
         frame or its answer too large, or no link could be opened: the stream says whether the peer is
         reachable at all)."""
+        if self._no_link.get(peer_key, 0.0) > time.monotonic():
+            return None
         if self._signer is not None:
             header = self._signer.sign(name, peer_key, header, payload)
         frame = _frame_bytes(header, payload)
-        if len(frame) >= LINK_MAX_BYTES or self._no_link.get(peer_key, 0.0) > time.monotonic():
+        if len(frame) >= LINK_MAX_BYTES:
             return None
         try:
             link = await self._link_to(peer_key)
@@ -637,7 +669,11 @@ class SwarmNode:
         link.pending[call_id] = answer
         envelope = _frame_bytes({"id": call_id, "to": name}, frame)
         try:
+            if link.writer.transport.get_write_buffer_size() > LINK_BUFFER_BYTES:  # the peer reads nothing
+                link.writer.transport.abort()
+                raise ConnectionError(f"{LINK_BUFFER_BYTES} bytes of calls unread")
             link.writer.write(envelope)  # whole, at once: a cancelled call leaves the link intact
+            self.bytes_sent += len(envelope)
             await link.writer.drain()
             data = await answer
         except (ConnectionError, _BrokenOff) as e:
@@ -649,7 +685,6 @@ class SwarmNode:
             raise _BrokenOff(f"the link to {peer_key[-6:]} broke off: {e!r}") from None
         finally:
             link.pending.pop(call_id, None)
-        self.bytes_sent += len(envelope)
         out_header, out_payload = _parse_frame(data, self.max_message_bytes)
         if _TOO_LARGE in out_header:
             return None

@@ -19,6 +19,7 @@ from collab.swarm.transport import (
     IO_SLICE,
     LINK,
     LINK_MAX_BYTES,
+    LINKS_PER_PEER,
     TAKEN,
     Header,
     Payloads,
@@ -191,3 +192,50 @@ async def _break_links(node: SwarmNode) -> None:
     for link in list(node._links.values()):
         link.writer.close()
     await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(120)
+def test_links_are_bounded_per_peer_and_a_malformed_answer_breaks_only_its_link() -> None:
+    """A peer gets at most LINKS_PER_PEER links; a link that answers with a malformed envelope is
+    dropped at once and the call still gets its answer (over a stream), not a timeout."""
+    a = SwarmNode()
+    b = SwarmNode(initial_peers=a.visible_maddrs())
+    try:
+        a.serve("echo", _echo)
+
+        async def open_links(n: int) -> list[bytes]:
+            streams = [await b.p2p.call_binary_stream_handler(a.peer_id, LINK) for _ in range(n)]
+
+            async def use(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> bytes:
+                try:  # one call each, so every link is in use
+                    writer.write(_frame_bytes({"id": 1, "to": "echo"}, _frame_bytes({}, b"ab")))
+                    await writer.drain()
+                    return await asyncio.wait_for(reader.read(1 << 16), 10)
+                except ConnectionError:  # the refused one may be reset before our call is out
+                    return b""
+
+            try:
+                return list(await asyncio.gather(*(use(r, w) for _, r, w in streams)))
+            finally:
+                for _, _, writer in streams:
+                    writer.close()
+
+        answers = b.run(open_links(LINKS_PER_PEER + 1), timeout_s=60)
+        # (which one is refused depends on the order in which they reach the peer)
+        assert sum(b'"sha"' in x for x in answers) == LINKS_PER_PEER and answers.count(b"") == 1
+
+        async def bad_link(info: Any, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            await reader.read(1 << 16)
+            writer.write(_frame_bytes({"id": [0]}, _frame_bytes({"sha": "forged"}, b"")))
+            await writer.drain()
+            await asyncio.sleep(30)
+
+        a.run(a.p2p.remove_binary_stream_handler(LINK), timeout_s=30)
+        a.run(a.p2p.add_binary_stream_handler(LINK, bad_link), timeout_s=30)
+        started = time.monotonic()
+        header, answer = b.run(b.call(a.peer_key, "echo", {}, b"abcd", timeout_s=20), timeout_s=60)
+        assert header["sha"] == hashlib.sha256(b"abcd").hexdigest() and bytes(answer) == b"cd|ab"
+        assert b.calls == {"stream": 1} and time.monotonic() - started < 10
+    finally:
+        b.shutdown()
+        a.shutdown()
