@@ -64,8 +64,7 @@ TAKEN = memoryview(b"")  # returned for a payload that went into the call's sink
 # Bumped whenever peers of two versions could not complete a round together (3: BLAKE3 part digests
 # and state chunk digests; 4: small rounds through one owner; 5: statements and lists signed with the
 # peer's identity key; 6: small frames over one link per pair of peers); matchmaking keeps peers of
-# different protocols
-# out of each other's groups.
+# different protocols out of each other's groups.
 WIRE_PROTOCOL = 6
 MAX_HEADER_BYTES = 64 * 1024
 IO_SLICE = 1 << 20  # large payloads are written and read in slices of this many bytes (at most)
@@ -98,13 +97,18 @@ async def _read_header(reader: asyncio.StreamReader) -> tuple[Header, int, int]:
     head_len = int.from_bytes(await reader.readexactly(4), "little")
     if head_len > MAX_HEADER_BYTES:
         raise TransportError(f"frame header of {head_len} bytes exceeds {MAX_HEADER_BYTES}")
+    header = _decode_header(await reader.readexactly(head_len))
+    return header, head_len, int.from_bytes(await reader.readexactly(8), "little")
+
+
+def _decode_header(raw: bytes) -> Header:
     try:
-        header = json.loads(await reader.readexactly(head_len))
+        header = json.loads(raw)
     except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deeply
         raise TransportError("frame header is not valid JSON") from None
     if not isinstance(header, dict):
         raise TransportError("frame header is not a JSON object")
-    return header, head_len, int.from_bytes(await reader.readexactly(8), "little")
+    return header
 
 
 async def _read_payload(reader: asyncio.StreamReader, size: int) -> Received:
@@ -188,12 +192,7 @@ def _parse_frame(data: bytes, max_payload: int) -> tuple[Header, bytes]:
     head_len = int.from_bytes(data[:4], "little")
     if head_len > MAX_HEADER_BYTES or 12 + head_len > len(data):
         raise TransportError(f"frame header of {head_len} bytes does not fit its frame")
-    try:
-        header = json.loads(data[4 : 4 + head_len])
-    except (ValueError, RecursionError):  # not UTF-8, not JSON, nested too deeply
-        raise TransportError("frame header is not valid JSON") from None
-    if not isinstance(header, dict):
-        raise TransportError("frame header is not a JSON object")
+    header = _decode_header(data[4 : 4 + head_len])
     size = int.from_bytes(data[4 + head_len : 12 + head_len], "little")
     if size > max_payload:
         raise TransportError(f"payload of {size} bytes exceeds the limit of {max_payload}")
